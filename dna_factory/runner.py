@@ -1,0 +1,258 @@
+"""The shared runner: one path for every stage.
+
+    parse (defaults < recipe < CLI) -> validate -> [--dry_run: print, exit 0]
+    -> output dir + resolved config -> datasets (checked row by row)
+    -> tokenizer -> TRL trainer (model, LoRA) -> train (auto-resume) -> save
+
+Everything before the tokenizer is cheap, so bad input fails in seconds. Entry scripts
+call :func:`main` with the stage name and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from dna_factory.config import ResolvedConfig, RunArguments, resolve
+from dna_factory.errors import DnaConfigError
+from dna_factory.stages import Stage, StageContext, get_stage
+from dna_factory.validation import run_validators
+
+logger = logging.getLogger("dna_factory")
+
+RESOLVED_CONFIG_NAME = "resolved_config.yaml"
+RUN_SUMMARY_NAME = "run_summary.json"
+
+
+def setup_logging(level: str = "info") -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+
+
+def dataclass_types(stage: Stage) -> list[type]:
+    from trl import ModelConfig
+
+    return [stage.config_class, ModelConfig, RunArguments, *stage.extra_dataclasses]
+
+
+def auto_output_dir(cfg: ResolvedConfig) -> str:
+    """``outputs/<stage>-<recipe>-<model>``: readable and stable, so a rerun resumes the same run."""
+    parts = [cfg.stage]
+    if cfg.recipe_path:
+        parts.append(Path(cfg.recipe_path).stem)
+    model = str(cfg.get("model_name_or_path", "model")).rstrip("/")
+    parts.append(Path(model).name)
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", "-".join(dict.fromkeys(parts)))
+    return str(Path("outputs") / name)
+
+
+def prepare(stage_name: str, argv: list[str]) -> tuple[Stage, ResolvedConfig]:
+    """Parse and validate; raises DnaConfigError. No tokenizer, dataset or model is loaded."""
+    stage = get_stage(stage_name)
+    cfg = resolve(stage.name, stage.defaults, dataclass_types(stage), argv)
+    training_args = cfg.of(stage.config_class)
+    if training_args.output_dir in (None, "auto", "trainer_output"):
+        training_args.output_dir = auto_output_dir(cfg)
+        cfg.values["output_dir"] = training_args.output_dir
+        cfg.sources["output_dir"] = "auto"
+    if not training_args.run_name or training_args.run_name == training_args.output_dir:
+        training_args.run_name = Path(training_args.output_dir).name
+    run_validators(cfg, stage)
+    return stage, cfg
+
+
+def resolve_resume(cfg: ResolvedConfig, output_dir: str) -> str | None:
+    """The checkpoint to resume from: an explicit path, ``true``/``last``, or auto-resume."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    requested = cfg.get("resume_from_checkpoint")
+    last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
+    if isinstance(requested, str) and requested.lower() in ("true", "last"):
+        if last is None:
+            raise DnaConfigError(
+                f"resume_from_checkpoint={requested} but {output_dir} has no checkpoint-N. "
+                "Drop the flag to start fresh."
+            )
+        return last
+    if isinstance(requested, str) and requested.lower() not in ("false", "none"):
+        return requested
+    if requested is None and last is not None and cfg.of(RunArguments).auto_resume:
+        logger.info("Found %s: resuming from it (set auto_resume: false to start over).", last)
+        return last
+    return None
+
+
+def configure_reporting(training_args, run_args: RunArguments) -> None:
+    """W&B works without an account: offline mode unless the user configured it."""
+    report_to = training_args.report_to or []
+    if "wandb" not in report_to and report_to != "wandb":
+        return
+    if run_args.wandb_project:
+        os.environ.setdefault("WANDB_PROJECT", run_args.wandb_project)
+    os.environ.setdefault("WANDB_DIR", training_args.output_dir)
+    if not os.environ.get("WANDB_MODE") and not os.environ.get("WANDB_API_KEY"):
+        netrc = Path.home() / ".netrc"
+        if not (netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")):
+            os.environ["WANDB_MODE"] = "offline"
+            logger.warning(
+                "No W&B login found: logging to W&B offline under %s (wandb sync later).",
+                training_args.output_dir,
+            )
+
+
+def write_resolved_config(cfg: ResolvedConfig, output_dir: str) -> Path:
+    """Write the layered keys atomically; the file can be passed back as ``--config``."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / RESOLVED_CONFIG_NAME
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(cfg.render(), encoding="utf-8")
+    tmp.replace(target)
+    return target
+
+
+def load_tokenizer(model_args, training_args):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_args.model_name_or_path,
+        revision=model_args.model_revision,
+        trust_remote_code=getattr(training_args, "trust_remote_code", False),
+    )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def model_init_kwargs(model_args, training_args) -> dict:
+    """What TRL passes to ``from_pretrained`` (TRL loads the model; we do not re-implement it)."""
+    kwargs = dict(
+        revision=model_args.model_revision,
+        trust_remote_code=getattr(training_args, "trust_remote_code", False),
+        attn_implementation=model_args.attn_implementation,
+        dtype=model_args.dtype,
+    )
+    kwargs.update(getattr(training_args, "model_init_kwargs", None) or {})
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def train(stage: Stage, cfg: ResolvedConfig) -> dict:
+    """Load data, tokenizer and trainer, train (resuming when asked) and save. Returns the run summary."""
+    import transformers
+    from trl import ModelConfig, get_peft_config, get_quantization_config
+
+    from dna_factory.data import load_mixture, parse_specs
+
+    training_args = cfg.of(stage.config_class)
+    model_args = cfg.of(ModelConfig)
+    run_args = cfg.of(RunArguments)
+    output_dir = training_args.output_dir
+    is_main = training_args.process_index == 0
+    if is_main:
+        path = write_resolved_config(cfg, output_dir)
+        logger.info("Resolved config written to %s", path)
+    transformers.set_seed(training_args.seed)
+    configure_reporting(training_args, run_args)
+    resume = resolve_resume(cfg, output_dir)
+
+    with training_args.main_process_first(desc="dataset loading"):
+        train_dataset = load_mixture(
+            parse_specs(run_args.datasets), stage.data_format, seed=training_args.seed
+        )
+        eval_dataset = None
+        if run_args.eval_datasets:
+            eval_dataset = load_mixture(
+                parse_specs(run_args.eval_datasets, "eval_datasets"),
+                stage.data_format,
+                seed=training_args.seed,
+            )
+    logger.info("Training mixture: %d rows, columns %s", len(train_dataset), train_dataset.column_names)
+
+    tokenizer = load_tokenizer(model_args, training_args)
+    training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
+    ctx = StageContext(
+        config=cfg,
+        training_args=training_args,
+        model_args=model_args,
+        run_args=run_args,
+        tokenizer=tokenizer,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        peft_config=get_peft_config(model_args),
+        quantization_config=get_quantization_config(model_args),
+    )
+    trainer = stage.build_trainer(ctx)
+    started = time.time()
+    result = trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model(output_dir)
+    summary = {
+        "stage": stage.name,
+        "output_dir": output_dir,
+        "global_step": trainer.state.global_step,
+        "max_steps": trainer.state.max_steps,
+        "resumed_from": resume,
+        "train_seconds": round(time.time() - started, 2),
+        "metrics": result.metrics,
+        "last_log": next((h for h in reversed(trainer.state.log_history) if "loss" in h), None),
+    }
+    if is_main:
+        tmp = Path(output_dir) / (RUN_SUMMARY_NAME + ".tmp")
+        tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        tmp.replace(Path(output_dir) / RUN_SUMMARY_NAME)
+        logger.info("Saved the final model to %s (global step %d).", output_dir, trainer.state.global_step)
+    if hasattr(trainer, "end"):
+        trainer.end()
+    return summary
+
+
+def _print_help(stage: Stage) -> None:
+    """Every key of the stage, grouped by the dataclass that owns it, with its type, default and help."""
+    import dataclasses
+
+    from dna_factory.config import _type_name, field_types
+
+    print(f"usage: python {stage.name}.py --config RECIPE.yaml [--key value ...] [--dry_run]\n")
+    print(f"Layers: configs/_defaults-{stage.defaults}.yaml < --config RECIPE < command-line flags.\n")
+    seen: set[str] = set()
+    for cls in dataclass_types(stage):
+        types_by_key = field_types([cls])
+        print(f"{cls.__name__}:")
+        for f in dataclasses.fields(cls):
+            if not f.init or f.name in seen:
+                continue
+            seen.add(f.name)
+            default = f.default if f.default is not dataclasses.MISSING else None
+            help_text = " ".join(str(f.metadata.get("help", "")).split())
+            print(f"  --{f.name} ({_type_name(types_by_key[f.name])}, default {default!r})")
+            if help_text:
+                print(f"      {help_text[:300]}")
+        print()
+
+
+def main(stage_name: str, argv: list[str] | None = None) -> int:
+    """Entry point of ``sft.py``, ``dpo.py``, ...: returns the process exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    setup_logging()
+    if any(a in ("-h", "--help") for a in argv):
+        _print_help(get_stage(stage_name))
+        return 0
+    try:
+        stage, cfg = prepare(stage_name, argv)
+        if cfg.of(RunArguments).dry_run:
+            print(cfg.render(), end="")
+            print(f"# dry run: config valid, all validators passed for {stage.name}.py", file=sys.stderr)
+            return 0
+        train(stage, cfg)
+    except DnaConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

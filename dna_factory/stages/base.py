@@ -1,0 +1,49 @@
+"""What a stage declares: its config dataclasses, dataset format, validators and trainer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dna_factory.config import ResolvedConfig
+
+
+@dataclass
+class StageContext:
+    """Everything a stage's trainer factory needs, loaded by the runner."""
+
+    config: ResolvedConfig
+    training_args: Any
+    model_args: Any
+    run_args: Any
+    tokenizer: Any
+    train_dataset: Any
+    eval_dataset: Any = None
+    peft_config: Any = None
+    quantization_config: Any = None
+    callbacks: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A training stage.
+
+    Attributes:
+        name: entry name (``sft``), also the ``outputs/<name>-...`` prefix.
+        defaults: ``configs/_defaults-<defaults>.yaml`` is the lowest config layer.
+        config_class: the TRL config dataclass (or a project subclass of it).
+        data_format: the dataset format rows are normalised to (see ``dna_factory.data.FORMATS``).
+        build_trainer: returns a ready TRL trainer for a StageContext.
+        validators: pure checks over the resolved config, run before anything heavy loads
+            and by ``--dry_run``; each raises DnaConfigError.
+        extra_dataclasses: further config dataclasses whose keys this stage accepts.
+    """
+
+    name: str
+    defaults: str
+    config_class: type
+    data_format: str
+    build_trainer: Callable[[StageContext], Any]
+    validators: Sequence[Callable[[ResolvedConfig], None]] = ()
+    extra_dataclasses: Sequence[type] = ()

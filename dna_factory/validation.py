@@ -1,0 +1,109 @@
+"""Validators every stage runs before anything heavy loads (and under ``--dry_run``).
+
+Each is a pure function of the resolved config that raises DnaConfigError with "what is
+wrong. what to do."; stage modules add their own to ``Stage.validators``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from dna_factory.config import ResolvedConfig
+from dna_factory.data import check_format_columns, looks_local, parse_specs, peek_columns
+from dna_factory.errors import DnaConfigError
+
+logger = logging.getLogger(__name__)
+
+TINY_MODEL_HINT = "python scripts/make_tiny_model.py --out {path}"
+
+
+def validate_model(cfg: ResolvedConfig) -> None:
+    path = cfg.get("model_name_or_path")
+    if not path:
+        raise DnaConfigError(
+            "No model configured. Set `model_name_or_path:` in the recipe or pass --model_name_or_path."
+        )
+    if looks_local(path) and not Path(path).expanduser().exists():
+        hint = ""
+        if "tiny" in Path(path).as_posix():
+            hint = f" Build the tiny offline model first: {TINY_MODEL_HINT.format(path=path)} (or `make tiny-models`)."
+        raise DnaConfigError(
+            f"Model path '{path}' does not exist.{hint or ' Check the path or use a hub id.'}"
+        )
+
+
+def validate_datasets(cfg: ResolvedConfig, data_format: str) -> None:
+    """Dataset specs are well formed, local paths exist and local schemas fit the stage's format."""
+    for key in ("datasets", "eval_datasets"):
+        raw = cfg.get(key)
+        if raw is None and key == "eval_datasets":
+            continue
+        for spec in parse_specs(raw, key):
+            columns = peek_columns(spec) if spec.is_local else None
+            if columns is not None:
+                check_format_columns(spec, columns, data_format)
+
+
+def dataset_columns(cfg: ResolvedConfig) -> set[str] | None:
+    """Union of the training mixture's columns (plus ``label``), or None if a dataset's schema is unknown."""
+    columns: set[str] = {"label"}
+    for spec in parse_specs(cfg.get("datasets")):
+        peeked = peek_columns(spec) if spec.is_local else None
+        if peeked is None:
+            return None
+        columns |= set(spec.columns) if spec.columns else peeked
+        if "messages" in columns:
+            columns |= {"prompt", "expected_output"}
+    return columns
+
+
+def validate_resume(cfg: ResolvedConfig) -> None:
+    resume = cfg.get("resume_from_checkpoint")
+    if (
+        isinstance(resume, str)
+        and resume.lower() not in ("true", "last", "false", "none")
+        and not Path(resume).is_dir()
+    ):
+        raise DnaConfigError(
+            f"resume_from_checkpoint '{resume}' is not a directory. Point it at an existing checkpoint-N folder, "
+            "or use `true` for the last checkpoint in output_dir."
+        )
+
+
+def validate_report_to(cfg: ResolvedConfig) -> None:
+    report_to = cfg.get("report_to")
+    targets = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    unknown = [t for t in targets if t not in ("none", "all", "wandb", "tensorboard", "trackio", "mlflow")]
+    if unknown:
+        raise DnaConfigError(
+            f"report_to has unsupported value {unknown[0]!r}. Use wandb, tensorboard or none."
+        )
+
+
+def validate_distributed_env(cfg: ResolvedConfig) -> None:
+    """A DeepSpeed config file that does not exist fails now, not after the model loaded."""
+    ds = cfg.get("deepspeed")
+    if isinstance(ds, str) and ds and not Path(ds).is_file():
+        raise DnaConfigError(f"deepspeed config '{ds}' does not exist. Use a file from configs/accelerate/.")
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        import importlib.util
+
+        if importlib.util.find_spec("deepspeed") is None:
+            raise DnaConfigError(
+                "accelerate is configured for DeepSpeed but deepspeed is not installed. "
+                "pip install -e '.[deepspeed]' or use configs/accelerate/ddp.yaml."
+            )
+
+
+COMMON_VALIDATORS = (validate_model, validate_resume, validate_report_to, validate_distributed_env)
+
+
+def run_validators(cfg: ResolvedConfig, stage) -> None:
+    """Run the common validators, the dataset check for the stage's format and the stage's own."""
+    for check in COMMON_VALIDATORS:
+        check(cfg)
+    validate_datasets(cfg, stage.data_format)
+    for check in stage.validators:
+        check(cfg)

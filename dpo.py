@@ -1,0 +1,8 @@
+"""DPO stage: `python dpo.py --config configs/DPO/tiny-cpu.yaml [--key value ...]`. See docs/stages.md."""
+
+import sys
+
+from dna_factory.runner import main
+
+if __name__ == "__main__":
+    sys.exit(main("dpo"))

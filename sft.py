@@ -1,0 +1,8 @@
+"""SFT stage: `python sft.py --config configs/SFT/tiny-cpu.yaml [--key value ...]`. See docs/stages.md."""
+
+import sys
+
+from dna_factory.runner import main
+
+if __name__ == "__main__":
+    sys.exit(main("sft"))

@@ -1,0 +1,133 @@
+"""S-CFG-1..3: layering, unknown keys, wrong types, dry run, resolved config."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from dna_factory.config import RunArguments
+from dna_factory.errors import DnaConfigError
+from dna_factory.runner import RESOLVED_CONFIG_NAME, main, prepare
+from tests.conftest import run_cli
+
+SFT_RECIPE = "configs/SFT/tiny-cpu.yaml"
+
+
+def test_layering_cli_beats_recipe_beats_defaults(tiny_model):
+    # defaults: learning_rate 2e-5, save_total_limit 3; recipe: lr 3e-3, save_total_limit 2
+    _, cfg = prepare("sft", ["--config", SFT_RECIPE, "--learning_rate", "1e-4"])
+    assert cfg.values["learning_rate"] == pytest.approx(1e-4)
+    assert cfg.sources["learning_rate"] == "the command line"
+    assert cfg.values["save_total_limit"] == 2
+    assert cfg.sources["save_total_limit"] == SFT_RECIPE
+    assert cfg.sources["lr_scheduler_type"] == SFT_RECIPE
+    assert cfg.sources["save_strategy"] == "configs/_defaults-SFT.yaml"
+    from trl import SFTConfig
+
+    args = cfg.of(SFTConfig)
+    assert args.learning_rate == pytest.approx(1e-4)
+    assert args.save_total_limit == 2
+
+
+def test_dry_run_prints_layers_without_loading(tiny_model):
+    proc = run_cli(
+        "sft.py", "--config", SFT_RECIPE, "--dry_run", "--learning_rate", "1e-4", "--save_total_limit=5"
+    )
+    assert proc.returncode == 0, proc.stderr
+    printed = yaml.safe_load(proc.stdout)
+    assert printed["learning_rate"] == pytest.approx(1e-4)
+    assert printed["save_total_limit"] == 5
+    assert printed["save_strategy"] == "steps"  # from the defaults file
+    assert "learning_rate: 0.0001  # the command line" in proc.stdout
+    assert "Loading weights" not in proc.stderr and "Generating train split" not in proc.stderr
+
+
+def test_yaml_float_forms_are_accepted(tmp_path, write_yaml, tiny_model):
+    recipe = write_yaml(
+        "r.yaml",
+        {
+            "model_name_or_path": str(tiny_model),
+            "datasets": ["data/tiny/arith_sft.jsonl"],
+            "learning_rate": "1e-5",
+            "output_dir": str(tmp_path / "o"),
+        },
+    )
+    _, cfg = prepare("sft", ["--config", str(recipe)])
+    assert cfg.values["learning_rate"] == pytest.approx(1e-5)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--lerning_rate", "1e-4"], ["Unknown config key 'lerning_rate'", "Did you mean 'learning_rate'?"]),
+        (["--learning_rate", "fast"], ["'learning_rate'", "'fast'", "must be float"]),
+        (["--per_device_train_batch_size", "2.5"], ["'per_device_train_batch_size'", "must be int"]),
+        (["--bf16", "maybe"], ["'bf16'", "must be bool"]),
+        (["--learning_rate"], ["--learning_rate needs a value"]),
+    ],
+)
+def test_cli_errors(argv, expected, tiny_model):
+    with pytest.raises(DnaConfigError) as info:
+        prepare("sft", ["--config", SFT_RECIPE, *argv])
+    for fragment in expected:
+        assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["stray", "--config", SFT_RECIPE], ["Unexpected argument 'stray'"]),
+        (["--config", SFT_RECIPE, "extra.yaml"], ["--config takes exactly one path"]),
+    ],
+)
+def test_cli_shape_errors(argv, expected, tiny_model):
+    with pytest.raises(DnaConfigError) as info:
+        prepare("sft", argv)
+    for fragment in expected:
+        assert fragment in str(info.value)
+
+
+def test_unknown_key_in_yaml_names_file(write_yaml, tiny_model):
+    recipe = write_yaml(
+        "r.yaml",
+        {"model_name_or_path": str(tiny_model), "datasets": ["data/tiny/arith_sft.jsonl"], "warmup_step": 3},
+    )
+    with pytest.raises(
+        DnaConfigError, match=r"Unknown config key 'warmup_step' in .*r.yaml\. Did you mean 'warmup_steps'"
+    ):
+        prepare("sft", ["--config", str(recipe)])
+
+
+def test_output_dir_auto_is_readable_and_stable(write_yaml, tiny_model):
+    recipe = write_yaml(
+        "my-run.yaml", {"model_name_or_path": str(tiny_model), "datasets": ["data/tiny/arith_sft.jsonl"]}
+    )
+    _, cfg = prepare("sft", ["--config", str(recipe)])
+    assert cfg.values["output_dir"] == "outputs/sft-my-run-student"
+    _, again = prepare("sft", ["--config", str(recipe)])
+    assert again.values["output_dir"] == cfg.values["output_dir"]
+
+
+def test_run_arguments_defaults():
+    args = RunArguments()
+    assert args.auto_resume is True and args.dry_run is False
+
+
+def test_help_lists_keys(capsys):
+    assert main("sft", ["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--learning_rate" in out and "--datasets" in out and "--config" in out
+
+
+def test_resolved_config_roundtrips(tmp_path, tiny_model):
+    """The file written into the output dir is a valid --config that resolves to the same values."""
+    from dna_factory.runner import write_resolved_config
+
+    _, cfg = prepare(
+        "sft", ["--config", SFT_RECIPE, "--learning_rate", "7e-4", "--output_dir", str(tmp_path / "run")]
+    )
+    path = write_resolved_config(cfg, cfg.values["output_dir"])
+    assert path.name == RESOLVED_CONFIG_NAME
+    _, again = prepare("sft", ["--config", str(path)])
+    for key, value in cfg.values.items():
+        assert again.values[key] == value, key
