@@ -198,6 +198,7 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
         "stage": stage.name,
         "output_dir": output_dir,
         "global_step": trainer.state.global_step,
+        "world_size": training_args.world_size,
         "max_steps": trainer.state.max_steps,
         "resumed_from": resume,
         "train_seconds": round(time.time() - started, 2),

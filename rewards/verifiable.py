@@ -1,0 +1,381 @@
+r"""Verifiable rewards: string-match against a gold answer, and the narrow playground reward.
+
+String-match (S-RW-3..8) extracts the final answer from a completion with an *extractor*,
+extracts the gold answer from ``kwargs[answer_column]`` the same way (falling back to the raw
+gold string when extraction finds nothing), normalises both with :func:`normalize_answer` and
+returns 1.0 when they are equal, else 0.0. It is chosen for speed (a few microseconds per
+sample), determinism and no dependencies when gold answers are already canonical. Unlike TRL's
+``accuracy_reward`` (math_verify), it treats ``0.5`` and ``1/2`` as different answers.
+
+A sample gets ``None`` ("does not apply", never counted as 0.0) when its gold value is missing
+or empty, when ``only_label`` is set and the row's ``label`` differs, and when ``only_label`` is
+set but the batch has no ``label`` column (logged once).
+
+Extractors (:data:`EXTRACTORS`), each ``str -> str | None`` (None: no answer found):
+
+=============== ===============================================================================
+``boxed``       content of the last complete ``\boxed{...}``, braces scanned with a depth count so
+                nested braces work (``\boxed{\frac{1}{2}}`` gives ``\frac{1}{2}``); escaped
+                braces ``\{``/``\}`` do not count
+``gsm8k``       the text after the last ``####``
+``last_number`` the last numeric token: optional sign, digits with optional thousands commas,
+                optional decimal part (``-1,234.50``)
+``full``        the whole completion unchanged
+=============== ===============================================================================
+
+Example:
+    >>> reward = make_string_match_reward("boxed", answer_column="solution")
+    >>> reward(prompts=["q", "q"], completions=[r"so \boxed{\frac{1}{2}}.", r"\boxed{0.5}"],
+    ...        solution=[r"\frac{1}{2}", r"\frac{1}{2}"])
+    [1.0, 0.0]
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+from functools import lru_cache
+from typing import Any
+
+from rewards.interface import column, completion_text, label_mask
+
+logger = logging.getLogger(__name__)
+
+_BOXED = "\\boxed{"
+
+
+def extract_boxed(text: str) -> str | None:
+    r"""Content of the last complete ``\boxed{...}`` in ``text``, or None.
+
+    Braces are matched with a depth count, so ``\boxed{\frac{1}{2}}`` gives ``\frac{1}{2}``.
+    A ``\boxed{`` that never closes (a truncated completion) is skipped in favour of the
+    previous complete one.
+
+    Example:
+        >>> extract_boxed(r"first \boxed{1}, then \boxed{\frac{a}{b}}")
+        '\\frac{a}{b}'
+    """
+    end = len(text)
+    while True:
+        start = text.rfind(_BOXED, 0, end)
+        if start < 0:
+            return None
+        body = start + len(_BOXED)
+        depth, i, n = 1, body, len(text)
+        while i < n:
+            char = text[i]
+            if char == "\\":
+                i += 2  # an escaped character, e.g. \{ or \}, is content, not grouping
+                continue
+            if char == "{":
+                depth += 1
+            elif char == "}":
+                depth -= 1
+                if depth == 0:
+                    answer = text[body:i].strip()
+                    return answer or None
+            i += 1
+        end = start  # unclosed: try the previous \boxed{
+
+
+def extract_gsm8k(text: str) -> str | None:
+    """The text after the last ``####`` (GSM8K's answer marker), stripped, or None.
+
+    Example:
+        >>> extract_gsm8k("#### 3 is a guess\\n#### 1,000")
+        '1,000'
+    """
+    head, sep, tail = text.rpartition("####")
+    if not sep:
+        return None
+    return tail.strip() or None
+
+
+# Sign only when it does not follow a word character or ")" (so "3-5" gives "5", "x=-5" gives
+# "-5"); integer part either strictly grouped by thousands or plain digits; optional decimals.
+_NUMBER_FIND = re.compile(r"(?:(?<![\w)])[-+])?(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)")
+
+
+def extract_last_number(text: str) -> str | None:
+    """The last numeric token in ``text`` (optional sign, thousands commas, decimals), or None.
+
+    Example:
+        >>> extract_last_number("we get 12 apples, then -1,234.50 dollars.")
+        '-1,234.50'
+    """
+    last = None
+    for last in _NUMBER_FIND.finditer(text):  # noqa: B007 - only the last match is wanted
+        pass
+    return last.group(0) if last is not None else None
+
+
+def extract_full(text: str) -> str | None:
+    """The whole text unchanged (None when empty after stripping).
+
+    Example:
+        >>> extract_full(" Paris ")
+        ' Paris '
+    """
+    return text if text.strip() else None
+
+
+EXTRACTORS: dict[str, Callable[[str], str | None]] = {
+    "boxed": extract_boxed,
+    "gsm8k": extract_gsm8k,
+    "last_number": extract_last_number,
+    "full": extract_full,
+}
+"""Extractor name -> function returning the answer found in a text, or None when there is none."""
+
+# A number grouped by thousands ("1,000", "12,345,678.5"), not part of a longer digit/comma run.
+_THOUSANDS = re.compile(r"(?<![\d,.])\d{1,3}(?:,\d{3})+(?![\d]|,\d)")
+
+
+def _drop_thousands_commas(match: re.Match[str]) -> str:
+    return match.group(0).replace(",", "")
+
+
+def _strip_outer_braces(text: str) -> str:
+    """Remove one pair of braces enclosing the whole text, only if they match each other."""
+    if len(text) < 2 or text[0] != "{" or text[-1] != "}":
+        return text
+    depth = 0
+    for i, char in enumerate(text):
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0 and i != len(text) - 1:
+                return text  # "{a}{b}": the first brace closes early
+    return text[1:-1].strip()
+
+
+def normalize_answer(text: str) -> str:
+    r"""Canonical form of an answer for string comparison (S-RW-5).
+
+    In order: strip; collapse inner whitespace to one space; lowercase; remove one trailing
+    ``.``; remove thousands-separator commas inside numbers (``1,000`` -> ``1000``, but the
+    tuple ``(1,2)`` keeps its comma); remove a surrounding ``$`` or ``\$`` (leading and trailing
+    independently, so ``\$18`` -> ``18``) and a pair of braces enclosing the whole text, repeating
+    these two until nothing changes (``$\$4$`` -> ``4``, ``{$5$}`` -> ``5``).
+
+    Args:
+        text: The extracted answer.
+
+    Returns:
+        The normalised answer.
+
+    Example:
+        >>> normalize_answer("  $1,000$. ")
+        '1000'
+        >>> normalize_answer(r"{\frac{1}{2}}")
+        '\\frac{1}{2}'
+    """
+    text = " ".join(text.split()).lower()
+    if text.endswith("."):
+        text = text[:-1].rstrip()
+    if "," in text:
+        text = _THOUSANDS.sub(_drop_thousands_commas, text)
+    # Repeated so nested wrappers such as "$\\$4$" or "{$5$}" come off completely.
+    while text and (text[0] in "${\\" or text[-1] == "$"):
+        before = text
+        if text.startswith("\\$"):
+            text = text[2:].lstrip()
+        elif text.startswith("$"):
+            text = text[1:].lstrip()
+        if text.endswith("\\$"):
+            text = text[:-2].rstrip()
+        elif text.endswith("$"):
+            text = text[:-1].rstrip()
+        if text.startswith("{"):
+            text = _strip_outer_braces(text)
+        if text == before:
+            break
+    return text
+
+
+@lru_cache(maxsize=4096)
+def _normalized_gold(extractor: str, gold: str) -> str | None:
+    """Normalised gold answer; cached because GRPO repeats each gold num_generations times."""
+    extracted = EXTRACTORS[extractor](gold)
+    normalized = normalize_answer(extracted if extracted is not None else gold)
+    return normalized or None
+
+
+def _gold_string(value: Any) -> str | None:
+    """A gold cell as a non-empty string, or None when it is missing or empty."""
+    if value is None:
+        return None
+    if isinstance(value, float) and value != value:  # NaN from a pandas-backed column
+        return None
+    text = value if isinstance(value, str) else str(value)
+    return text if text.strip() else None
+
+
+class StringMatchReward:
+    r"""A picklable string-match reward; build it with :func:`make_string_match_reward`.
+
+    Calling it follows TRL's reward signature and returns one of 1.0, 0.0 or None per
+    completion. See the module docstring for the rules.
+    """
+
+    def __init__(self, extractor: str, answer_column: str, only_label: str | None, name: str):
+        self.extractor = extractor
+        self.answer_column = answer_column
+        self.only_label = only_label
+        self.__name__ = name
+        self._warned: set[str] = set()
+
+    def required_columns(self) -> set[str]:
+        """Dataset columns this reward reads (for the recipe dry-run)."""
+        return {self.answer_column}
+
+    def __repr__(self) -> str:
+        return (
+            f"StringMatchReward(name={self.__name__!r}, extractor={self.extractor!r}, "
+            f"answer_column={self.answer_column!r}, only_label={self.only_label!r})"
+        )
+
+    def __call__(
+        self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **kwargs: Any
+    ) -> list[float | None]:
+        n = len(completions)
+        applies = label_mask(self.only_label, kwargs, n, self.__name__, self._warned)
+        golds = column(kwargs, self.answer_column, n)
+        if golds is None:
+            if "no_gold" not in self._warned:
+                self._warned.add("no_gold")
+                logger.warning(
+                    "Reward %s reads gold answers from column %r, which this batch does not have, so "
+                    "it scores no sample. Set answer_column to a column of the dataset.",
+                    self.__name__,
+                    self.answer_column,
+                )
+            return [None] * n
+        extract = EXTRACTORS[self.extractor]
+        scores: list[float | None] = []
+        for completion, gold, applies_here in zip(completions, golds, applies, strict=True):
+            gold_text = _gold_string(gold) if applies_here else None
+            gold_norm = _normalized_gold(self.extractor, gold_text) if gold_text is not None else None
+            if gold_norm is None:
+                scores.append(None)
+                continue
+            answer = extract(completion_text(completion))
+            scores.append(1.0 if answer is not None and normalize_answer(answer) == gold_norm else 0.0)
+        return scores
+
+
+def make_string_match_reward(
+    extractor: str = "boxed",
+    answer_column: str = "solution",
+    only_label: str | None = None,
+    name: str | None = None,
+) -> StringMatchReward:
+    r"""Build a string-match reward (S-RW-3).
+
+    Args:
+        extractor: One of :data:`EXTRACTORS` (``boxed``, ``gsm8k``, ``last_number``, ``full``).
+        answer_column: The dataset column holding the gold answer.
+        only_label: Score only rows whose ``label`` column equals this; others get None.
+        name: The reward's ``__name__``, which TRL uses for its metric names
+            (``rewards/<name>/mean``); defaults to ``string_match_<extractor>``.
+
+    Returns:
+        A picklable callable ``f(prompts, completions, completion_ids=None, **kwargs)``
+        returning ``list[float | None]``.
+
+    Raises:
+        ValueError: When ``extractor`` is not a known extractor.
+
+    Example:
+        >>> reward = make_string_match_reward("gsm8k", answer_column="answer", only_label="gsm8k")
+        >>> reward(prompts=["q"] * 3, completions=["#### 1,000", "#### 7", "#### 7"],
+        ...        answer=["#### 1000", "#### 8", "#### 7"], label=["gsm8k", "gsm8k", "math"])
+        [1.0, 0.0, None]
+    """
+    if extractor not in EXTRACTORS:
+        raise ValueError(
+            f"Unknown string-match extractor {extractor!r}. Use one of: {', '.join(sorted(EXTRACTORS))}."
+        )
+    return StringMatchReward(extractor, answer_column, only_label, name or f"string_match_{extractor}")
+
+
+def _as_number(text: str) -> Decimal | None:
+    try:
+        return Decimal(text.replace(",", ""))
+    except InvalidOperation:
+        return None
+
+
+class LastNumberReward:
+    """A picklable playground reward; build it with :func:`make_playground_reward`.
+
+    Deliberately narrow (S-RW-7): 1.0 when the last number in the completion equals the expected
+    number (the last number in the gold cell, compared as decimals, so ``5.0`` equals ``5`` and
+    ``1,000`` equals ``1000``), else 0.0. None when the gold cell is missing, empty or has no
+    number.
+    """
+
+    def __init__(self, answer_column: str, name: str):
+        self.answer_column = answer_column
+        self.__name__ = name
+        self._warned: set[str] = set()
+
+    def required_columns(self) -> set[str]:
+        """Dataset columns this reward reads (for the recipe dry-run)."""
+        return {self.answer_column}
+
+    def __repr__(self) -> str:
+        return f"LastNumberReward(name={self.__name__!r}, answer_column={self.answer_column!r})"
+
+    def __call__(
+        self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **kwargs: Any
+    ) -> list[float | None]:
+        n = len(completions)
+        golds = column(kwargs, self.answer_column, n)
+        if golds is None:
+            if "no_gold" not in self._warned:
+                self._warned.add("no_gold")
+                logger.warning(
+                    "Reward %s reads the expected number from column %r, which this batch does not "
+                    "have, so it scores no sample. Set answer_column to a column of the dataset.",
+                    self.__name__,
+                    self.answer_column,
+                )
+            return [None] * n
+        scores: list[float | None] = []
+        for completion, gold in zip(completions, golds, strict=True):
+            gold_text = _gold_string(gold)
+            gold_token = extract_last_number(gold_text) if gold_text is not None else None
+            expected = _as_number(gold_token) if gold_token is not None else None
+            if expected is None:
+                scores.append(None)
+                continue
+            token = extract_last_number(completion_text(completion))
+            got = _as_number(token) if token is not None else None
+            scores.append(1.0 if got is not None and got == expected else 0.0)
+        return scores
+
+
+def make_playground_reward(answer_column: str = "solution", name: str | None = None) -> LastNumberReward:
+    """Build the playground reward: the last number in the answer equals the expected one.
+
+    Args:
+        answer_column: The dataset column holding the expected answer (its last number counts).
+        name: The reward's ``__name__``; defaults to ``last_number_reward``.
+
+    Returns:
+        A picklable callable with TRL's reward signature returning 1.0, 0.0 or None per sample.
+
+    Example:
+        >>> reward = make_playground_reward(answer_column="answer")
+        >>> reward(prompts=["q", "q"], completions=["so 12.0", "maybe 13"], answer=["12", "12"])
+        [1.0, 0.0]
+    """
+    return LastNumberReward(answer_column, name or "last_number_reward")
+
+
+last_number_reward = make_playground_reward()
+"""The playground reward reading the expected answer from the ``solution`` column."""
