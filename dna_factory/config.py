@@ -406,8 +406,7 @@ def build_dataclasses(resolved: ResolvedConfig, dataclass_types: typing.Sequence
         try:
             built[cls] = cls(**kwargs)
         except (ValueError, TypeError) as exc:
-            keys = ", ".join(sorted(kwargs)) or "(none)"
             raise DnaConfigError(
-                f"{cls.__name__} rejected the configuration: {exc}. Check these keys: {keys}."
+                f"{cls.__name__} rejected the configuration: {str(exc).rstrip('.')}. Fix the keys it names."
             ) from None
     return built

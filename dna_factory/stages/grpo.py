@@ -1,0 +1,119 @@
+"""GRPO on TRL's GRPOTrainer, with rewards configured in YAML (``rewards.registry``).
+
+Rows are normalised per S-DATA-3 (``messages`` -> ``prompt`` + ``expected_output``; other
+columns such as ``solution`` stay and reach the rewards as keyword arguments; ``label`` is
+added). Rewards are resolved from ``reward_funcs`` entries, their weights become TRL's
+``reward_weights``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trl import GRPOConfig, GRPOTrainer
+
+from dna_factory.config import ResolvedConfig
+from dna_factory.errors import DnaConfigError
+from dna_factory.stages.base import Stage, StageContext
+from dna_factory.validation import dataset_columns
+
+
+@dataclass
+class GRPOStageArguments:
+    """Keys of the GRPO stage that TRL's GRPOConfig does not have."""
+
+    reward_funcs: list[str | dict] | None = field(
+        default=None,
+        metadata={
+            "help": "Rewards: TRL names (accuracy_reward), module:function paths, or mappings such as "
+            "{factory: string_match, extractor: gsm8k, answer_column: answer, weight: 1.0}. See docs/rewards.md."
+        },
+    )
+    grpo_execution: Literal["sync", "async"] = field(
+        default="sync",
+        metadata={"help": "sync: TRL's GRPOTrainer. async: TRL's AsyncGRPOTrainer (docs/async-grpo.md)."},
+    )
+    dynamic_sampling: Literal["off", "mask", "resample"] = field(
+        default="off",
+        metadata={
+            "help": "Dead-group handling for sync GRPO: off, mask or resample (docs/dynamic-sampling.md)."
+        },
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=4, metadata={"help": "resample: most extra generation rounds per batch before falling back."}
+    )
+
+
+def validate_rewards(cfg: ResolvedConfig) -> None:
+    from rewards.registry import check_reward_columns, resolve_rewards
+
+    entries = cfg.get("reward_funcs")
+    if not entries:
+        raise DnaConfigError(
+            "GRPO needs at least one reward. Add `reward_funcs:`, e.g. "
+            "`- {factory: string_match, extractor: boxed, answer_column: solution}`."
+        )
+    _, weights = resolve_rewards(entries)
+    explicit = cfg.get("reward_weights")
+    if explicit is not None and len(explicit) != len(entries):
+        raise DnaConfigError(
+            f"reward_weights has {len(explicit)} values for {len(entries)} reward_funcs. "
+            "Give one weight per reward, or put `weight:` inside each reward_funcs entry instead."
+        )
+    if explicit is not None and any(w != 1.0 for w in weights):
+        raise DnaConfigError(
+            "Weights are set both in reward_funcs entries and in reward_weights. Keep one of the two."
+        )
+    columns = dataset_columns(cfg)
+    if columns is not None:
+        check_reward_columns(entries, columns | {"prompt", "completion"})
+
+
+def validate_execution(cfg: ResolvedConfig) -> None:
+    if cfg.get("grpo_execution", "sync") == "async":
+        raise DnaConfigError(
+            "grpo_execution: async is not available in this version (tracked in issue 5). "
+            "Use grpo_execution: sync."
+        )
+
+
+def build_trainer(ctx: StageContext) -> GRPOTrainer:
+    from rewards.registry import resolve_rewards
+
+    stage_args = ctx.config.of(GRPOStageArguments)
+    funcs, weights = resolve_rewards(stage_args.reward_funcs)
+    if ctx.training_args.reward_weights is None:
+        ctx.training_args.reward_weights = weights
+    trainer_cls = GRPOTrainer
+    if stage_args.dynamic_sampling != "off":
+        from dna_factory.dynamic_sampling import DynamicSamplingGRPOTrainer
+
+        trainer_cls = DynamicSamplingGRPOTrainer
+    kwargs = {}
+    if trainer_cls is not GRPOTrainer:
+        kwargs.update(
+            dynamic_sampling=stage_args.dynamic_sampling, max_rounds=stage_args.dynamic_sampling_max_rounds
+        )
+    return trainer_cls(
+        model=ctx.model_args.model_name_or_path,
+        reward_funcs=funcs,
+        args=ctx.training_args,
+        train_dataset=ctx.train_dataset,
+        eval_dataset=ctx.eval_dataset,
+        processing_class=ctx.tokenizer,
+        peft_config=ctx.peft_config,
+        callbacks=ctx.callbacks,
+        **kwargs,
+    )
+
+
+STAGE = Stage(
+    name="grpo",
+    defaults="GRPO",
+    config_class=GRPOConfig,
+    data_format="grpo",
+    build_trainer=build_trainer,
+    validators=(validate_execution, validate_rewards),
+    extra_dataclasses=(GRPOStageArguments,),
+)

@@ -1,0 +1,8 @@
+"""GRPO stage: `python grpo.py --config configs/GRPO/tiny-cpu.yaml [--key value ...]`. See docs/stages.md."""
+
+import sys
+
+from dna_factory.runner import main
+
+if __name__ == "__main__":
+    sys.exit(main("grpo"))

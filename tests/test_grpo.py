@@ -1,0 +1,60 @@
+"""GRPO stage: YAML-configured rewards, dataset normalisation and a real GRPOTrainer on CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dna_factory.errors import DnaConfigError
+from dna_factory.runner import prepare
+from tests.conftest import run_cli
+
+RECIPE = "configs/GRPO/tiny-cpu.yaml"
+
+
+def test_grpo_tiny_recipe_trains_with_string_match(tmp_path, tiny_model):
+    out = tmp_path / "grpo"
+    proc = run_cli("grpo.py", "--config", RECIPE, "--max_steps", "3", "--output_dir", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
+    logs = [h for h in state["log_history"] if "reward" in h]
+    assert len(logs) == 3 and all("rewards/string_match_last_number/mean" in h for h in logs)
+
+
+def test_string_match_and_judge_rewards_from_yaml_pass_dry_run(tiny_model):
+    rewards = "[{factory: string_match, extractor: last_number, answer_column: solution, only_label: arith}, {factory: judge, rubric: rewards/prompts/reference.md, weight: 0.5}]"
+    _, cfg = prepare("grpo", ["--config", RECIPE, "--reward_funcs", rewards])
+    assert len(cfg.values["reward_funcs"]) == 2
+
+
+def test_dry_run_rejects_reward_reading_a_missing_column(tiny_model):
+    proc = run_cli(
+        "grpo.py",
+        "--config",
+        RECIPE,
+        "--dry_run",
+        "--reward_funcs",
+        "[{factory: string_match, answer_column: answer}]",
+    )
+    assert proc.returncode == 2
+    assert "reads column 'answer', which no dataset in the mixture has" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--reward_funcs", "[]"], "GRPO needs at least one reward"),
+        (["--reward_funcs", "[{factory: string_macth}]"], "string_match"),
+        (
+            ["--num_generations", "1"],
+            "GRPOConfig rejected the configuration: GRPO requires at least 2 generations",
+        ),
+        (["--reward_weights", "[1.0, 2.0]"], "reward_weights has 2 values for 1 reward_funcs"),
+        (["--dynamic_sampling", "sometimes"], "'dynamic_sampling' has value 'sometimes'"),
+    ],
+)
+def test_grpo_config_errors(flags, message, tiny_model):
+    with pytest.raises(DnaConfigError, match=message):
+        prepare("grpo", ["--config", RECIPE, *flags])
