@@ -144,6 +144,12 @@ class _Mismatch(Exception):
     pass
 
 
+def _yaml_bool_as_choice(value: bool, choices: typing.Iterable[Any]) -> Any:
+    """YAML 1.1 reads a bare off/on/no/yes as a boolean: `save_strategy: no` means the choice "no"."""
+    spellings = ("no", "off", "false") if not value else ("yes", "on", "true")
+    return next((s for s in spellings if s in set(choices)), value)
+
+
 def _coerce(value: Any, tp: Any, strict: bool) -> Any:
     """Return ``value`` converted to ``tp`` or raise _Mismatch. ``strict`` disables lenient casts."""
     if tp is Any or tp is object:
@@ -166,10 +172,14 @@ def _coerce(value: Any, tp: Any, strict: bool) -> Any:
     if value is None:
         raise _Mismatch
     if origin is typing.Literal:
-        if value in args:
+        if isinstance(value, bool) and not strict:
+            value = _yaml_bool_as_choice(value, args)
+        if value in args and not isinstance(value, bool):
             return value
         raise _Mismatch
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        if isinstance(value, bool) and not strict:
+            value = _yaml_bool_as_choice(value, [m.value for m in tp])
         try:
             return tp(value).value
         except ValueError:

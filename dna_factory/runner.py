@@ -149,9 +149,8 @@ def model_init_kwargs(model_args, training_args) -> dict:
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
-def train(stage: Stage, cfg: ResolvedConfig) -> dict:
-    """Load data, tokenizer and trainer, train (resuming when asked) and save. Returns the run summary."""
-    import transformers
+def load_context(stage: Stage, cfg: ResolvedConfig) -> StageContext:
+    """Datasets (checked row by row), tokenizer and model settings: everything a trainer factory needs."""
     from trl import ModelConfig, get_peft_config, get_quantization_config
 
     from dna_factory.data import load_mixture, parse_specs
@@ -159,15 +158,6 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
     training_args = cfg.of(stage.config_class)
     model_args = cfg.of(ModelConfig)
     run_args = cfg.of(RunArguments)
-    output_dir = training_args.output_dir
-    is_main = training_args.process_index == 0
-    if is_main:
-        path = write_resolved_config(cfg, output_dir)
-        logger.info("Resolved config written to %s", path)
-    transformers.set_seed(training_args.seed)
-    configure_reporting(training_args, run_args)
-    resume = resolve_resume(cfg, output_dir)
-
     with training_args.main_process_first(desc="dataset loading"):
         train_dataset = load_mixture(
             parse_specs(run_args.datasets), stage.data_format, seed=training_args.seed
@@ -180,10 +170,9 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
                 seed=training_args.seed,
             )
     logger.info("Training mixture: %d rows, columns %s", len(train_dataset), train_dataset.column_names)
-
     tokenizer = load_tokenizer(model_args, training_args)
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
-    ctx = StageContext(
+    return StageContext(
         config=cfg,
         training_args=training_args,
         model_args=model_args,
@@ -194,6 +183,22 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
         peft_config=get_peft_config(model_args),
         quantization_config=get_quantization_config(model_args),
     )
+
+
+def train(stage: Stage, cfg: ResolvedConfig) -> dict:
+    """Load data, tokenizer and trainer, train (resuming when asked) and save. Returns the run summary."""
+    import transformers
+
+    training_args = cfg.of(stage.config_class)
+    output_dir = training_args.output_dir
+    is_main = training_args.process_index == 0
+    if is_main:
+        path = write_resolved_config(cfg, output_dir)
+        logger.info("Resolved config written to %s", path)
+    transformers.set_seed(training_args.seed)
+    configure_reporting(training_args, cfg.of(RunArguments))
+    resume = resolve_resume(cfg, output_dir)
+    ctx = load_context(stage, cfg)
     trainer = stage.build_trainer(ctx)
     started = time.time()
     result = trainer.train(resume_from_checkpoint=resume)

@@ -131,3 +131,13 @@ def test_resolved_config_roundtrips(tmp_path, tiny_model):
     _, again = prepare("sft", ["--config", str(path)])
     for key, value in cfg.values.items():
         assert again.values[key] == value, key
+
+
+def test_yaml_off_is_the_string_off_for_choice_keys(tiny_model):
+    _, cfg = prepare("grpo", ["--config", "configs/GRPO/tiny-cpu.yaml", "--dynamic_sampling", "off"])
+    assert cfg.values["dynamic_sampling"] == "off"
+
+
+def test_yaml_no_is_the_string_no_for_enum_keys(tiny_model):
+    _, cfg = prepare("sft", ["--config", SFT_RECIPE, "--save_strategy", "no"])
+    assert cfg.values["save_strategy"] == "no"

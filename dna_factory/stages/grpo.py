@@ -78,6 +78,19 @@ def validate_execution(cfg: ResolvedConfig) -> None:
         )
 
 
+def validate_dynamic_sampling(cfg: ResolvedConfig) -> None:
+    if cfg.get("dynamic_sampling", "off") != "resample":
+        return
+    args = cfg.of(GRPOConfig)
+    local = args.per_device_train_batch_size * args.steps_per_generation
+    if local % args.num_generations:
+        raise DnaConfigError(
+            f"dynamic_sampling: resample keeps groups whole on each process, so per_device_train_batch_size "
+            f"× steps_per_generation ({local}) must be a multiple of num_generations ({args.num_generations}). "
+            "Change per_device_train_batch_size or gradient_accumulation_steps."
+        )
+
+
 def build_trainer(ctx: StageContext) -> GRPOTrainer:
     from rewards.registry import resolve_rewards
 
@@ -114,6 +127,6 @@ STAGE = Stage(
     config_class=GRPOConfig,
     data_format="grpo",
     build_trainer=build_trainer,
-    validators=(validate_execution, validate_rewards),
+    validators=(validate_execution, validate_rewards, validate_dynamic_sampling),
     extra_dataclasses=(GRPOStageArguments,),
 )
