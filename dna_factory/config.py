@@ -413,6 +413,7 @@ def build_dataclasses(resolved: ResolvedConfig, dataclass_types: typing.Sequence
     for cls in dataclass_types:
         names = {f.name for f in dataclasses.fields(cls) if f.init}
         kwargs = {k: v for k, v in resolved.values.items() if k in names}
+        kwargs.update(_dry_run_hardware_overrides(resolved, names))
         try:
             built[cls] = cls(**kwargs)
         except (ValueError, TypeError) as exc:
@@ -420,3 +421,22 @@ def build_dataclasses(resolved: ResolvedConfig, dataclass_types: typing.Sequence
                 f"{cls.__name__} rejected the configuration: {str(exc).rstrip('.')}. Fix the keys it names."
             ) from None
     return built
+
+
+HARDWARE_KEYS = ("bf16", "fp16", "tf32")
+
+
+def _dry_run_hardware_overrides(resolved: ResolvedConfig, names: set[str]) -> dict[str, Any]:
+    """A dry run checks the config, not this machine: a GPU recipe must validate on a laptop.
+
+    transformers refuses ``bf16: true`` without a GPU at construction time, so for a dry run on a
+    machine without CUDA those switches are turned off in the built object only; the printed
+    config keeps the recipe's values.
+    """
+    if not resolved.values.get("dry_run") or not any(resolved.values.get(k) for k in HARDWARE_KEYS):
+        return {}
+    import torch
+
+    if torch.cuda.is_available():
+        return {}
+    return {k: False for k in HARDWARE_KEYS if k in names and resolved.values.get(k)}

@@ -7,7 +7,7 @@ A recipe lists datasets::
         label: arith                      # default: the path
         split: train                      # default: train
         weight: 2.0                       # seeded resampling; 0 drops the dataset
-        columns: [messages]               # keep only these columns (plus `label`)
+        columns: [messages]               # keep only these columns; a mapping renames: {question: prompt}
         max_samples: 100                  # seeded shuffle, then the first N
 
 Every stage declares a *format* (``sft``, ``dpo``, ``prompt``, ``grpo``); rows are
@@ -53,7 +53,7 @@ class DatasetSpec:
     label: str
     split: str = "train"
     weight: float = 1.0
-    columns: tuple[str, ...] | None = None
+    columns: tuple[tuple[str, str], ...] | None = None  # (source column, name in the mixture)
     max_samples: int | None = None
     name: str | None = None
     data_files: Any = None
@@ -109,8 +109,15 @@ def parse_specs(raw: Any, key: str = "datasets") -> list[DatasetSpec]:
         if columns is not None:
             if isinstance(columns, str):
                 columns = [columns]
-            if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
-                raise DnaConfigError(f"{where} has columns {columns!r}; it must be a list of column names.")
+            if isinstance(columns, list):
+                columns = {c: c for c in columns}
+            if not isinstance(columns, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in columns.items()
+            ):
+                raise DnaConfigError(
+                    f"{where} has columns {columns!r}; use a list of column names or a mapping "
+                    "{source_column: new_name} (e.g. {question: prompt})."
+                )
         path = str(entry["path"])
         if looks_local(path) and not Path(path).expanduser().exists():
             raise DnaConfigError(
@@ -123,7 +130,7 @@ def parse_specs(raw: Any, key: str = "datasets") -> list[DatasetSpec]:
                 label=str(entry.get("label", path)),
                 split=str(entry.get("split", "train")),
                 weight=float(weight),
-                columns=tuple(columns) if columns else None,
+                columns=tuple(columns.items()) if columns else None,
                 max_samples=max_samples,
                 name=entry.get("name"),
                 data_files=entry.get("data_files"),
@@ -169,13 +176,13 @@ def peek_columns(spec: DatasetSpec) -> set[str] | None:
 def check_format_columns(spec: DatasetSpec, columns: set[str], fmt: str) -> None:
     """Raise when a dataset's columns cannot satisfy the stage's format."""
     if spec.columns is not None:
-        missing = [c for c in spec.columns if c not in columns]
+        missing = [source for source, _ in spec.columns if source not in columns]
         if missing:
             raise DnaConfigError(
                 f"Dataset '{spec.label}' ({spec.path}) has no column {missing[0]!r} listed in `columns`. "
                 f"Its columns are: {', '.join(sorted(columns))}."
             )
-        columns = set(spec.columns)
+        columns = {new for _, new in spec.columns}
     if not any(req <= columns for req in REQUIRED_COLUMNS[fmt]):
         raise DnaConfigError(
             f"Dataset '{spec.label}' ({spec.path}) has columns [{', '.join(sorted(columns))}] but this stage needs "
@@ -338,7 +345,10 @@ def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42):
         ds = _load_one(spec)
         check_format_columns(spec, set(ds.column_names), fmt)
         if spec.columns is not None:
-            ds = ds.select_columns(list(spec.columns))
+            ds = ds.select_columns([source for source, _ in spec.columns])
+            renames = {source: new for source, new in spec.columns if source != new}
+            if renames:
+                ds = ds.rename_columns(renames)
         if len(ds) == 0:
             raise DnaConfigError(f"Dataset '{spec.label}' ({spec.path}) is empty. Remove it or fix the file.")
 

@@ -53,7 +53,7 @@ def dataset_columns(cfg: ResolvedConfig) -> set[str] | None:
         peeked = peek_columns(spec) if spec.is_local else None
         if peeked is None:
             return None
-        columns |= set(spec.columns) if spec.columns else peeked
+        columns |= {new for _, new in spec.columns} if spec.columns else peeked
         if "messages" in columns:
             columns |= {"prompt", "expected_output"}
     return columns

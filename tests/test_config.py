@@ -8,7 +8,7 @@ import yaml
 from dna_factory.config import RunArguments
 from dna_factory.errors import DnaConfigError
 from dna_factory.runner import RESOLVED_CONFIG_NAME, main, prepare
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 
 SFT_RECIPE = "configs/SFT/tiny-cpu.yaml"
 
@@ -141,3 +141,17 @@ def test_yaml_off_is_the_string_off_for_choice_keys(tiny_model):
 def test_yaml_no_is_the_string_no_for_enum_keys(tiny_model):
     _, cfg = prepare("sft", ["--config", SFT_RECIPE, "--save_strategy", "no"])
     assert cfg.values["save_strategy"] == "no"
+
+
+STAGE_DIRS = {"SFT": "sft", "DPO": "dpo", "GRPO": "grpo"}
+SHIPPED = sorted(p for d in STAGE_DIRS for p in (REPO / "configs" / d).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_shipped_recipe_passes_dry_run(recipe, tiny_model):
+    """GPU recipes included: a dry run checks the config, not this machine's hardware."""
+    stage, cfg = prepare(
+        STAGE_DIRS[recipe.parent.name], ["--config", str(recipe.relative_to(REPO)), "--dry_run"]
+    )
+    assert cfg.values["model_name_or_path"]
+    assert stage.defaults == recipe.parent.name

@@ -141,3 +141,10 @@ def test_spec_errors(entry, message):
 def test_hub_ids_are_not_mistaken_for_local_paths():
     (spec,) = parse_specs([{"path": "trl-lib/Capybara"}])
     assert not spec.is_local
+
+
+def test_columns_mapping_renames(write_jsonl):
+    a = write_jsonl("gsm.jsonl", [{"question": "What is 2 + 2?", "answer": "... #### 4", "id": 1}])
+    specs = parse_specs([{"path": str(a), "columns": {"question": "prompt", "answer": "answer"}}])
+    mix = load_mixture(specs, "grpo")
+    assert set(mix.column_names) == {"prompt", "answer", "label"} and mix[0]["prompt"] == "What is 2 + 2?"

@@ -293,3 +293,12 @@ def test_two_process_resample_finishes(live_dead, tmp_path, tiny_model):
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_step"] == 2
+
+
+def test_benchmark_runs_and_writes_json(tmp_path, tiny_model):
+    out = tmp_path / "dyn.json"
+    proc = run_cli("bench/dynamic_sampling.py", "--steps", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [r["mode"] for r in data["results"]] == ["off", "mask", "resample"]
+    assert data["results"][2]["informative_share"] == 1.0  # the refill always finds live groups here
