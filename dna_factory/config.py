@@ -366,12 +366,32 @@ def _parse_scalar(text: str) -> Any:
         return text
 
 
+def peek_value(argv: list[str], key: str) -> Any:
+    """The value of ``key`` from the CLI, else from the ``--config`` recipe, else None — before full parsing.
+
+    Used to pick a stage variant (``grpo_execution: async``) whose key set differs; the CLI wins.
+    """
+    for i, token in enumerate(argv):
+        if token == f"--{key}" and i + 1 < len(argv):
+            return _parse_scalar(argv[i + 1])
+        if token.startswith(f"--{key}="):
+            return _parse_scalar(token.split("=", 1)[1])
+    for i, token in enumerate(argv):
+        recipe = argv[i + 1] if token == "--config" and i + 1 < len(argv) else None
+        if token.startswith("--config="):
+            recipe = token.split("=", 1)[1]
+        if recipe is not None and Path(recipe).is_file():
+            return load_yaml(recipe, "Config file").get(key)
+    return None
+
+
 def resolve(
     stage: str,
     defaults_name: str,
     dataclass_types: typing.Sequence[type],
     argv: list[str],
     defaults_dir: Path = CONFIGS_DIR,
+    foreign_keys: dict[str, str] | None = None,
 ) -> ResolvedConfig:
     """Layer defaults < recipe < CLI, check keys and types, build the dataclasses.
 
@@ -379,6 +399,11 @@ def resolve(
         DnaConfigError: for an unknown key, a wrong type, a missing or malformed file.
     """
     types_by_key = field_types(dataclass_types)
+    if foreign_keys:
+        for token in argv:
+            key = token[2:].split("=", 1)[0].replace("-", "_") if token.startswith("--") else None
+            if key in foreign_keys and key not in types_by_key:
+                raise DnaConfigError(f"Key '{key}' on {CLI} {foreign_keys[key]}")
     cli, recipe_path = parse_cli(argv, types_by_key)
 
     layers: list[tuple[str, dict[str, Any]]] = []
@@ -398,11 +423,20 @@ def resolve(
             raise DnaConfigError(
                 f"'config' is not a key inside {source}. Pass the recipe with --config PATH."
             )
+        for key in layer:
+            if foreign_keys and key in foreign_keys and key not in types_by_key:
+                raise DnaConfigError(f"Key '{key}' in {source} {foreign_keys[key]}")
         check_known_keys(layer, types_by_key, source)
         for key, value in layer.items():
             values[key] = coerce_value(key, value, types_by_key[key], source)
             sources[key] = source
     resolved = ResolvedConfig(stage=stage, values=values, sources=sources, recipe_path=recipe_path)
+    deepspeed = values.get("deepspeed")
+    if isinstance(deepspeed, str) and not deepspeed.endswith(".json"):
+        raise DnaConfigError(
+            f"deepspeed: {deepspeed} is not a DeepSpeed JSON config (see configs/deepspeed/). Accelerate YAML files "
+            "such as configs/accelerate/zero3.yaml go to `accelerate launch --config_file`."
+        )
     resolved.args = build_dataclasses(resolved, dataclass_types)
     return resolved
 

@@ -62,7 +62,10 @@ def auto_output_dir(cfg: ResolvedConfig) -> str:
 def prepare(stage_name: str, argv: list[str]) -> tuple[Stage, ResolvedConfig]:
     """Parse and validate; raises DnaConfigError. No tokenizer, dataset or model is loaded."""
     stage = get_stage(stage_name)
-    cfg = resolve(stage.name, stage.defaults, dataclass_types(stage), argv)
+    if stage.variant is not None:
+        stage = stage.variant(argv)
+    foreign = stage.foreign_keys() if stage.foreign_keys else None
+    cfg = resolve(stage.name, stage.defaults, dataclass_types(stage), argv, foreign_keys=foreign)
     training_args = cfg.of(stage.config_class)
     if training_args.output_dir in (None, "auto", "trainer_output"):
         training_args.output_dir = auto_output_dir(cfg)

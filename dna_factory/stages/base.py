@@ -38,6 +38,8 @@ class Stage:
         validators: pure checks over the resolved config, run before anything heavy loads
             and by ``--dry_run``; each raises DnaConfigError.
         extra_dataclasses: further config dataclasses whose keys this stage accepts.
+        variant: picks another Stage from the raw argv (e.g. ``grpo_execution: async``) before parsing.
+        foreign_keys: keys of sibling variants this one rejects, mapped to the reason shown to the user.
     """
 
     name: str
@@ -47,3 +49,5 @@ class Stage:
     build_trainer: Callable[[StageContext], Any]
     validators: Sequence[Callable[[ResolvedConfig], None]] = ()
     extra_dataclasses: Sequence[type] = ()
+    variant: Callable[[list[str]], Stage] | None = None
+    foreign_keys: Callable[[], dict[str, str]] | None = None

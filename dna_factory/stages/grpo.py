@@ -70,12 +70,38 @@ def validate_rewards(cfg: ResolvedConfig) -> None:
         check_reward_columns(entries, columns | {"prompt", "completion"})
 
 
-def validate_execution(cfg: ResolvedConfig) -> None:
-    if cfg.get("grpo_execution", "sync") == "async":
-        raise DnaConfigError(
-            "grpo_execution: async is not available in this version (tracked in issue 5). "
-            "Use grpo_execution: sync."
-        )
+def select_variant(argv: list[str]) -> Stage:
+    """``grpo_execution: async`` (recipe or CLI; the CLI wins) selects the async GRPO stage."""
+    from dna_factory.config import peek_value
+
+    mode = peek_value(argv, "grpo_execution")
+    if mode == "async":
+        from dna_factory.async_grpo import validate_async_environment
+        from dna_factory.stages.grpo_async import STAGE as ASYNC_STAGE
+
+        validate_async_environment()
+
+        return ASYNC_STAGE
+    return STAGE
+
+
+def async_only_keys() -> dict[str, str]:
+    import dataclasses
+
+    from trl import ModelConfig
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    from dna_factory.config import RunArguments
+    from dna_factory.stages.grpo_async import AsyncGRPOStageArguments
+
+    accepted = {
+        f.name
+        for c in (GRPOConfig, ModelConfig, RunArguments, GRPOStageArguments)
+        for f in dataclasses.fields(c)
+    }
+    async_keys = {f.name for c in (AsyncGRPOConfig, AsyncGRPOStageArguments) for f in dataclasses.fields(c)}
+    reason = "applies to grpo_execution: async only. Add grpo_execution: async, or remove it."
+    return {key: reason for key in async_keys - accepted}
 
 
 def validate_dynamic_sampling(cfg: ResolvedConfig) -> None:
@@ -127,6 +153,8 @@ STAGE = Stage(
     config_class=GRPOConfig,
     data_format="grpo",
     build_trainer=build_trainer,
-    validators=(validate_execution, validate_rewards, validate_dynamic_sampling),
+    validators=(validate_rewards, validate_dynamic_sampling),
     extra_dataclasses=(GRPOStageArguments,),
+    variant=select_variant,
+    foreign_keys=async_only_keys,
 )

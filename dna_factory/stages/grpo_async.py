@@ -1,0 +1,129 @@
+"""Async GRPO (``grpo_execution: async``) on TRL's AsyncGRPOTrainer — the variant of the GRPO stage.
+
+Selected when ``grpo_execution: async`` comes from the recipe or ``--grpo_execution async`` (the
+CLI wins); layered over ``configs/_defaults-AsyncGRPO.yaml`` instead of the sync defaults.
+Everything the topology cannot run is rejected by ``dna_factory.async_grpo`` before anything
+loads (also under ``--dry_run``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trl import GRPOConfig
+from trl.experimental.async_grpo import AsyncGRPOConfig
+
+from dna_factory.async_grpo import drop_overlong_prompts, server_max_model_len, setup_async_training_args
+from dna_factory.config import ResolvedConfig
+from dna_factory.stages.base import Stage, StageContext
+from dna_factory.stages.grpo import GRPOStageArguments, validate_rewards
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AsyncGRPOStageArguments(GRPOStageArguments):
+    """Keys of async GRPO beyond TRL's AsyncGRPOConfig."""
+
+    tree_attention: Literal["fa3", "sdpa"] = field(
+        default="fa3",
+        metadata={
+            "help": "Attention kernel for packed rows: fa3 (TRL's FlashAttention-3, NVIDIA GPUs with FA3) or sdpa "
+            "(portable: CPU and any GPU; O(N^2) mask memory per row)."
+        },
+    )
+    weight_sync: Literal["nccl", "file"] = field(
+        default="nccl",
+        metadata={
+            "help": "How new weights reach vLLM: nccl (TRL, GPUs) or file (safetensors + vLLM reload_weights; CPU, "
+            "tests). See docs/async-grpo.md."
+        },
+    )
+    weight_sync_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "weight_sync: file: directory the server reads (default <output_dir>/.vllm_weights)."
+        },
+    )
+    drop_overlong_prompts: bool = field(
+        default=True,
+        metadata={
+            "help": "Drop prompts that cannot fit max_completion_length in the server's max_model_len."
+        },
+    )
+
+
+def _names(*classes) -> set[str]:
+    return {f.name for cls in classes for f in dataclasses.fields(cls) if f.init}
+
+
+def sync_only_keys() -> dict[str, str]:
+    from trl import ModelConfig
+
+    from dna_factory.config import RunArguments
+
+    accepted = _names(AsyncGRPOConfig, ModelConfig, RunArguments, AsyncGRPOStageArguments)
+    reason = "applies to grpo_execution: sync only. Remove it, or run with --grpo_execution sync."
+    return {key: reason for key in _names(GRPOConfig) - accepted}
+
+
+def validate_async(cfg: ResolvedConfig) -> None:
+    setup_async_training_args(cfg)
+
+
+def build_trainer(ctx: StageContext):
+    from dna_factory.async_trainer import DnaAsyncGRPOTrainer
+    from rewards.registry import resolve_rewards
+
+    args = ctx.training_args
+    stage_args = ctx.config.of(AsyncGRPOStageArguments)
+    funcs, _ = resolve_rewards(stage_args.reward_funcs)
+    train_dataset = ctx.train_dataset
+    if stage_args.drop_overlong_prompts:
+        max_model_len = server_max_model_len(args.vllm_server_base_url)
+        if max_model_len is not None:
+            train_dataset, _ = drop_overlong_prompts(
+                train_dataset,
+                ctx.tokenizer,
+                max_model_len,
+                args.max_completion_length,
+                args.chat_template_kwargs,
+            )
+    weight_transfer = None
+    if stage_args.weight_sync == "file":
+        from transformers import AutoConfig
+
+        from dna_factory.weight_sync import FileWeightTransfer
+
+        model_config = AutoConfig.from_pretrained(ctx.model_args.model_name_or_path)
+        weight_transfer = FileWeightTransfer(
+            args.vllm_server_base_url,
+            stage_args.weight_sync_dir or f"{args.output_dir}/.vllm_weights",
+            config_dir=ctx.model_args.model_name_or_path,
+            tie_word_embeddings=bool(getattr(model_config, "tie_word_embeddings", False)),
+        )
+    return DnaAsyncGRPOTrainer(
+        model=ctx.model_args.model_name_or_path,
+        reward_funcs=funcs,
+        args=args,
+        train_dataset=train_dataset,
+        processing_class=ctx.tokenizer,
+        callbacks=ctx.callbacks,
+        weight_transfer=weight_transfer,
+        tree_attention=stage_args.tree_attention,
+    )
+
+
+STAGE = Stage(
+    name="grpo",
+    defaults="AsyncGRPO",
+    config_class=AsyncGRPOConfig,
+    data_format="grpo",
+    build_trainer=build_trainer,
+    validators=(validate_async, validate_rewards),
+    extra_dataclasses=(AsyncGRPOStageArguments,),
+    foreign_keys=sync_only_keys,
+)

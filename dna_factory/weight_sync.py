@@ -1,0 +1,120 @@
+"""File-based weight sync from the trainer to a vLLM server: the path that works without NCCL.
+
+TRL's AsyncGRPOTrainer streams weights into vLLM over NCCL (``WeightTransferClient``), which
+needs CUDA on both sides. ``FileWeightTransfer`` implements the same ``WeightTransferProtocol``
+(``init_weight_transfer``, ``pause``, ``send_weights``, ``resume``, ``destroy``) through the
+filesystem and vLLM's dev-mode HTTP endpoints:
+
+    POST /pause
+    write <dir>/model.safetensors (atomically)   # every parameter, under its checkpoint name
+    POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": <dir>}}
+    POST /reset_prefix_cache                      # cached KV blocks were computed by the old weights
+    POST /resume
+
+The server must run with ``VLLM_SERVER_DEV_MODE=1`` and be able to read ``<dir>`` (same
+machine or a shared filesystem). Tied embeddings: vLLM's in-place reload leaves ``lm_head``
+untouched unless ``lm_head.weight`` is in the file, so it is written explicitly.
+
+Which path is for what (docs/async-grpo.md): NCCL (TRL's default) on GPU machines;
+``weight_sync: file`` for CPU tests and GPUs without a shared NCCL fabric — it costs a full
+checkpoint write and read per sync.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class FileWeightTransfer:
+    """TRL ``WeightTransferProtocol`` over files + vLLM's ``reload_weights`` RPC. Main process only.
+
+    Args:
+        server_url: vLLM base URL without ``/v1`` (as TRL's ``vllm_server_base_url``).
+        weights_dir: directory the server can read; rewritten at every sync.
+        config_dir: model directory whose ``config.json`` is copied next to the weights.
+        tie_word_embeddings: write ``lm_head.weight`` as a copy of the input embeddings.
+        timeout_s: per-request timeout.
+    """
+
+    def __init__(
+        self,
+        server_url: str,
+        weights_dir: str | Path,
+        config_dir: str | Path | None = None,
+        tie_word_embeddings: bool = False,
+        timeout_s: float = 300.0,
+    ):
+        self.server_url = server_url.rstrip("/").removesuffix("/v1")
+        self.weights_dir = Path(weights_dir).resolve()
+        self.config_dir = Path(config_dir) if config_dir else None
+        self.tie_word_embeddings = tie_word_embeddings
+        self.timeout_s = timeout_s
+        self.syncs = 0
+
+    def _post(self, path: str, body: dict | None = None) -> str:
+        request = urllib.request.Request(
+            self.server_url + path,
+            data=json.dumps(body or {}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return response.read().decode()
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                raise RuntimeError(
+                    f"The vLLM server at {self.server_url} has no {path} endpoint. Start it with "
+                    "VLLM_SERVER_DEV_MODE=1 for weight_sync: file."
+                ) from None
+            raise
+
+    def init_weight_transfer(self) -> None:
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        if self.config_dir and (self.config_dir / "config.json").is_file():
+            shutil.copy(self.config_dir / "config.json", self.weights_dir / "config.json")
+
+    def pause(self) -> None:
+        self._post("/pause")
+
+    def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
+        from safetensors.torch import save_file
+
+        started = time.time()
+        state = {name: tensor.detach().to("cpu").contiguous().clone() for name, tensor in iterator}
+        if self.tie_word_embeddings and "lm_head.weight" not in state:
+            embed = next((v for k, v in state.items() if k.endswith("embed_tokens.weight")), None)
+            if embed is not None:
+                state["lm_head.weight"] = embed.clone()
+        tmp = self.weights_dir / "model.safetensors.tmp"
+        save_file(state, str(tmp))
+        os.replace(tmp, self.weights_dir / "model.safetensors")
+        self._post(
+            "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir)}}
+        )
+        self._post("/reset_prefix_cache")
+        self.syncs += 1
+        logger.info(
+            "Weight sync %d: %d tensors via %s in %.2fs",
+            self.syncs,
+            len(state),
+            self.weights_dir,
+            time.time() - started,
+        )
+
+    def resume(self) -> None:
+        self._post("/resume")
+
+    def destroy(self) -> None:
+        pass

@@ -1,0 +1,288 @@
+"""K sampled completions per prompt, for the learnability filter: from a server or a local model.
+
+Two backends with one coroutine, ``generate(prompt, index) -> Rollouts``:
+
+- :class:`ServerRollouts` asks an OpenAI-compatible server (vLLM, or any other): a conversation
+  goes to ``POST /chat/completions``, a plain-string prompt to ``POST /completions`` (no chat
+  template, as TRL treats string prompts), each with ``n=K``; a server that returns fewer
+  choices than asked is asked again for the rest. Requests run concurrently through one
+  aiohttp session, at most ``concurrency`` in flight.
+- :class:`LocalRollouts` runs ``transformers`` ``generate(num_return_sequences=K)`` on a local
+  model, one prompt at a time in a worker thread (so the event loop keeps scoring).
+
+Completions have TRL's shape: ``[{"role": "assistant", "content": text}]`` for a conversational
+prompt, the text for a string prompt. With ``seed`` set, prompt ``index`` samples with seed
+``seed + index``, so a resumed run draws what a single run would have drawn (where the server
+honours per-request seeds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+logger = logging.getLogger(__name__)
+
+MAX_RETRIES = 3
+"""Retries of a request after a timeout, a connection error, HTTP 408/409/425/429 or 5xx."""
+BACKOFF_S = (1.0, 2.0, 4.0)
+"""Seconds to wait before retry 1, 2 and 3."""
+
+_RETRY_STATUSES = frozenset({408, 409, 425, 429})
+
+
+class RolloutError(RuntimeError):
+    """Generation failed for good (after the retries); the message says where and why."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the K rollouts of a prompt are drawn.
+
+    Attributes:
+        n: Completions per prompt (K, the recipe's ``num_generations``).
+        temperature: Sampling temperature (> 0: greedy decoding makes the K samples identical).
+        top_p: Nucleus sampling mass in (0, 1].
+        max_tokens: Most generated tokens per completion.
+        seed: Base seed; prompt ``index`` uses ``seed + index``. None leaves sampling unseeded.
+        chat_template_kwargs: Extra chat-template variables, e.g. ``{"enable_thinking": False}``.
+    """
+
+    n: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 512
+    seed: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def seed_for(self, index: int) -> int | None:
+        return None if self.seed is None else self.seed + index
+
+
+@dataclass
+class Rollouts:
+    """The K completions of one prompt, and their token ids when the backend has them."""
+
+    completions: list[Any]
+    completion_ids: list[list[int]] | None = None
+
+
+def _is_conversation(prompt: Any) -> bool:
+    return isinstance(prompt, list)
+
+
+def _as_completion(prompt: Any, text: str) -> Any:
+    return [{"role": "assistant", "content": text}] if _is_conversation(prompt) else text
+
+
+class ServerRollouts:
+    """Rollouts from an OpenAI-compatible server.
+
+    Args:
+        base_url: ``http://HOST:PORT/v1``.
+        model: The served model name; None asks ``GET /models`` and takes the first.
+        sampling: How to sample.
+        api_key: Sent as ``Authorization: Bearer``; never logged.
+        concurrency: Requests in flight at once.
+        timeout_s: Total seconds for one request (K completions of one prompt).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None,
+        sampling: SamplingParams,
+        api_key: str = "EMPTY",
+        concurrency: int = 16,
+        timeout_s: float = 600.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.sampling = sampling
+        self.concurrency = concurrency
+        self.timeout_s = timeout_s
+        self._api_key = api_key
+        self._session: aiohttp.ClientSession | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+
+    async def __aenter__(self) -> ServerRollouts:
+        headers = {"Authorization": f"Bearer {self._api_key}"}
+        connector = aiohttp.TCPConnector(limit=self.concurrency)
+        self._session = aiohttp.ClientSession(headers=headers, connector=connector)
+        self._semaphore = asyncio.Semaphore(self.concurrency)
+        listing = await self._request("GET", "/models", None)
+        served = [str(entry.get("id")) for entry in listing.get("data", []) if isinstance(entry, dict)]
+        if self.model is None:
+            if not served:
+                raise RolloutError(f"GET {self.base_url}/models lists no model. Set `model:` in the recipe.")
+            self.model = served[0]
+            logger.info("Generating with %r, the first model %s lists.", self.model, self.base_url)
+        elif served and self.model not in served:
+            raise RolloutError(
+                f"The server at {self.base_url} does not serve {self.model!r} (it serves: {', '.join(served)}). "
+                "Set `model:` to one of those names."
+            )
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def generate(self, prompt: Any, index: int) -> Rollouts:
+        """K completions of ``prompt`` (row ``index`` of the mixture, for its seed)."""
+        sampling = self.sampling
+        texts: list[str] = []
+        for _ in range(sampling.n):  # a server ignoring `n` is asked again, at most K times in all
+            payload: dict[str, Any] = {
+                "model": self.model,
+                "n": sampling.n - len(texts),
+                "temperature": sampling.temperature,
+                "top_p": sampling.top_p,
+                "max_tokens": sampling.max_tokens,
+            }
+            seed = sampling.seed_for(index)
+            if seed is not None:
+                payload["seed"] = seed + len(texts)
+            if _is_conversation(prompt):
+                payload["messages"] = prompt
+                if sampling.chat_template_kwargs:
+                    payload["chat_template_kwargs"] = sampling.chat_template_kwargs
+                body = await self._request("POST", "/chat/completions", payload)
+                texts += [_choice_text(choice, chat=True) for choice in body.get("choices", [])]
+            else:
+                payload["prompt"] = prompt
+                body = await self._request("POST", "/completions", payload)
+                texts += [_choice_text(choice, chat=False) for choice in body.get("choices", [])]
+            if len(texts) >= sampling.n:
+                break
+        if len(texts) < sampling.n:
+            raise RolloutError(
+                f"{self.base_url} returned {len(texts)} of {sampling.n} completions for row {index}. "
+                "Check that the server supports sampling several completions."
+            )
+        return Rollouts([_as_completion(prompt, text) for text in texts[: sampling.n]])
+
+    async def _request(self, method: str, path: str, payload: dict[str, Any] | None) -> dict[str, Any]:
+        """One JSON request with retries; raises RolloutError (API key redacted) when it fails for good."""
+        assert self._session is not None and self._semaphore is not None, "use `async with`"
+        url = f"{self.base_url}{path}"
+        last = "no attempt made"
+        async with self._semaphore:
+            for attempt in range(MAX_RETRIES + 1):
+                if attempt:
+                    await asyncio.sleep(BACKOFF_S[min(attempt - 1, len(BACKOFF_S) - 1)])
+                try:
+                    timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+                    async with self._session.request(method, url, json=payload, timeout=timeout) as response:
+                        text = await response.text()
+                    if response.status >= 400:
+                        last = f"HTTP {response.status}: {text[:300]}"
+                        if response.status < 500 and response.status not in _RETRY_STATUSES:
+                            break  # the same request would fail again
+                        continue
+                    body = json.loads(text)
+                    if isinstance(body, dict):
+                        return body
+                    last = f"the reply is not a JSON object: {text[:200]}"
+                except TimeoutError:
+                    last = f"no reply within {self.timeout_s:g} s"
+                except aiohttp.ClientError as exc:
+                    last = f"{type(exc).__name__}: {exc}"
+                except json.JSONDecodeError:
+                    last = "the reply is not JSON"
+        message = f"{method} {url} failed after {attempt + 1} attempt(s): {last}"
+        if self._api_key and self._api_key != "EMPTY":
+            message = message.replace(self._api_key, "***")
+        raise RolloutError(message)
+
+
+def _choice_text(choice: Any, chat: bool) -> str:
+    if not isinstance(choice, dict):
+        return ""
+    if chat:
+        content = (choice.get("message") or {}).get("content")
+        return content if isinstance(content, str) else ""
+    text = choice.get("text")
+    return text if isinstance(text, str) else ""
+
+
+class LocalRollouts:
+    """Rollouts from a local Hugging Face model with ``generate(num_return_sequences=K)``.
+
+    The model loads in :meth:`__aenter__` (``float32`` on CPU, the checkpoint's dtype on GPU).
+    ``completion_ids`` are the generated ids up to and including the first EOS, as TRL passes
+    them to rewards.
+
+    Args:
+        model_path: A model directory or hub id.
+        sampling: How to sample.
+    """
+
+    def __init__(self, model_path: str, sampling: SamplingParams) -> None:
+        self.model_path = model_path
+        self.sampling = sampling
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._lock = asyncio.Lock()
+
+    async def __aenter__(self) -> LocalRollouts:
+        await asyncio.to_thread(self._load)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self._model = None
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = "auto" if device == "cuda" else torch.float32
+        self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self._model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(device).eval()
+        logger.info("Loaded %s on %s for local rollouts.", self.model_path, device)
+
+    async def generate(self, prompt: Any, index: int) -> Rollouts:
+        """K completions of ``prompt``; one prompt at a time, off the event loop."""
+        async with self._lock:
+            return await asyncio.to_thread(self._generate, prompt, index)
+
+    def _generate(self, prompt: Any, index: int) -> Rollouts:
+        import torch
+
+        tokenizer, model, sampling = self._tokenizer, self._model, self.sampling
+        if _is_conversation(prompt):
+            text = tokenizer.apply_chat_template(
+                prompt, tokenize=False, add_generation_prompt=True, **(sampling.chat_template_kwargs or {})
+            )
+            inputs = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+        else:
+            inputs = tokenizer(prompt, return_tensors="pt")
+        inputs = inputs.to(model.device)
+        seed = sampling.seed_for(index)
+        if seed is not None:
+            torch.manual_seed(seed)
+        eos = tokenizer.eos_token_id
+        with torch.no_grad():
+            output = model.generate(
+                **inputs,
+                do_sample=True,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_new_tokens=sampling.max_tokens,
+                num_return_sequences=sampling.n,
+                pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos,
+            )
+        generated = output[:, inputs["input_ids"].shape[1] :].tolist()
+        eos_ids = set(eos) if isinstance(eos, list) else {eos}
+        completion_ids = []
+        for ids in generated:
+            end = next((j + 1 for j, token in enumerate(ids) if token in eos_ids), len(ids))
+            completion_ids.append(ids[:end])
+        texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        return Rollouts([_as_completion(prompt, text) for text in texts], completion_ids)

@@ -1,0 +1,290 @@
+"""Async GRPO (S-ASYNC): mode switch, fail-fast validators, server checks, portable attention, train/stop/resume."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+import trl
+
+from dna_factory.async_grpo import drop_overlong_prompts
+from dna_factory.async_trainer import TRL_VERSION
+from dna_factory.errors import DnaConfigError
+from dna_factory.runner import prepare
+from tests.conftest import REPO, cli_env, run_cli
+
+SYNC = "configs/GRPO/tiny-cpu.yaml"
+ASYNC = "configs/GRPO/tiny-cpu-async.yaml"
+DOWN = "http://127.0.0.1:9"  # nothing listens on the discard port
+
+
+def test_trl_async_canary():
+    """The TRL 1.16.0 private API async_trainer.py relies on; a failure means TRL changed shape."""
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+    from trl.experimental.async_grpo import async_grpo_trainer as module
+    from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+    from trl.experimental.async_grpo.packing import TREE_ATTENTION, TreeRow, tree_attention
+
+    assert trl.__version__ == TRL_VERSION
+    assert TREE_ATTENTION == "tree_fa3" and hasattr(module, "get_peak_flops_per_device")
+    for name in ("_save_checkpoint", "_inner_training_loop", "get_train_dataloader", "_log_step_metrics"):
+        assert callable(getattr(AsyncGRPOTrainer, name)), name
+    save_src = inspect.getsource(AsyncGRPOTrainer._save_checkpoint)
+    assert "rollout_state.json" in save_src and "_trained_groups" in save_src
+    loop_src = inspect.getsource(AsyncGRPOTrainer._inner_training_loop)
+    assert '_loop_kwargs["dataset_start_index"]' in loop_src and "_groups_before_resume" in loop_src
+    assert "RolloutQueueDataset(" in inspect.getsource(AsyncGRPOTrainer.get_train_dataloader)
+    assert "self.rollout_queue" in inspect.getsource(AsyncGRPOTrainer.get_train_dataloader)
+    assert "rollout_worker.start()" in inspect.getsource(module._TrainBeginCallback.on_train_begin)
+    assert "weight_transfer" in inspect.signature(AsyncGRPOTrainer.__init__).parameters
+    assert "dataset_start_index" in inspect.getsource(AsyncRolloutWorker.__init__)
+    assert {"tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k"} <= set(
+        inspect.signature(tree_attention).parameters
+    )
+    assert callable(TreeRow.pack)
+
+
+# ----------------------------------------------------------------------------------------- mode switch
+
+
+def test_cli_async_overrides_yaml_and_selects_async_defaults(tiny_model):
+    stage, cfg = prepare(
+        "grpo", ["--config", SYNC, "--grpo_execution", "async", "--vllm_server_base_url", DOWN, "--dry_run"]
+    )
+    assert (
+        stage.defaults == "AsyncGRPO" and cfg.sources["max_staleness"] == "configs/_defaults-AsyncGRPO.yaml"
+    )
+    assert cfg.values["token_budget"] is None
+    sync_stage, _ = prepare("grpo", ["--config", SYNC, "--dry_run"])
+    assert sync_stage.defaults == "GRPO"
+
+
+def test_sync_only_key_in_async_mode_is_named(tiny_model):
+    with pytest.raises(
+        DnaConfigError, match="Key 'beta' on the command line applies to grpo_execution: sync only"
+    ):
+        prepare("grpo", ["--config", ASYNC, "--beta", "0.1", "--vllm_server_base_url", DOWN])
+    with pytest.raises(DnaConfigError, match="Key 'max_staleness' .* applies to grpo_execution: async only"):
+        prepare("grpo", ["--config", SYNC, "--max_staleness", "2"])
+
+
+REJECTED = {
+    "deepspeed": (
+        ["--deepspeed", "configs/deepspeed/zero3.json"],
+        {},
+        "DeepSpeed is configured. AsyncGRPO supports one training GPU only",
+    ),
+    "fsdp env": (
+        [],
+        {"ACCELERATE_USE_FSDP": "true"},
+        "FSDP is configured (ACCELERATE_USE_FSDP). AsyncGRPO supports one training GPU only",
+    ),
+    "two processes": ([], {"WORLD_SIZE": "2"}, "WORLD_SIZE=2: more than one training process"),
+    "two gpus": ([], {"CUDA_VISIBLE_DEVICES": "0,1"}, "2 GPUs are visible to the trainer"),
+    "eval": (["--eval_strategy", "steps"], {}, "AsyncGRPO does not run evaluation"),
+    "dynamic sampling": (["--dynamic_sampling", "resample"], {}, "AsyncGRPO rejects dynamic_sampling"),
+    "quantised": (["--load_in_4bit"], {}, "does not train quantised (4/8-bit) models"),
+    "peft": (["--use_peft"], {}, "does not train PEFT/LoRA adapters here"),
+    "reward model": (
+        ["--reward_funcs", "[artifacts/tiny/student]"],
+        {},
+        "is a model that would run on the trainer's GPU",
+    ),
+    "reward weights": (
+        ["--reward_funcs", "[{factory: string_match, answer_column: solution, weight: 2}]"],
+        {},
+        "sums rewards without weights",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REJECTED))
+def test_rejected_combinations_fail_under_dry_run(case, tiny_model):
+    flags, env, message = REJECTED[case]
+    proc = run_cli("grpo.py", "--config", ASYNC, "--vllm_server_base_url", DOWN, "--dry_run", *flags, **env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert "Loading weights" not in proc.stderr
+
+
+# ----------------------------------------------------------------------------------------- server checks
+
+
+def test_server_down_check_is_skipped_and_dry_run_passes(tiny_model):
+    proc = run_cli("grpo.py", "--config", ASYNC, "--vllm_server_base_url", DOWN, "--dry_run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Completion-length check skipped" in proc.stderr
+
+
+@pytest.mark.vllm
+def test_overlong_completion_fails_fast_against_real_server(vllm_server, tiny_model):
+    url = vllm_server.base_url.removesuffix("/v1")
+    started = time.monotonic()
+    proc = run_cli(
+        "grpo.py", "--config", ASYNC, "--vllm_server_base_url", url, "--max_completion_length", "512"
+    )
+    assert proc.returncode == 2
+    assert "max_completion_length=512 is >= the server's max_model_len=512" in proc.stderr
+    assert "Loading weights" not in proc.stderr and time.monotonic() - started < 120
+
+
+@pytest.mark.vllm
+def test_wrong_served_model_name_is_reported(vllm_server, tiny_model):
+    url = vllm_server.base_url.removesuffix("/v1")
+    with pytest.raises(DnaConfigError, match=f"Restart vLLM with --served-model-name {tiny_model}"):
+        prepare(
+            "grpo",
+            [
+                "--config",
+                ASYNC,
+                "--vllm_server_base_url",
+                url,
+                "--model_name_or_path",
+                str(tiny_model),
+                "--dry_run",
+            ],
+        )
+    # (the recipe's relative path is served: no error)
+    prepare("grpo", ["--config", ASYNC, "--vllm_server_base_url", url, "--dry_run"])
+
+
+def test_overlong_prompts_are_dropped_with_one_warning(tiny_model, caplog):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    rows = [
+        {"prompt": [{"role": "user", "content": "What is 1 + 1?"}]},
+        {"prompt": [{"role": "user", "content": "word " * 400}]},
+    ]
+    kept, dropped = drop_overlong_prompts(
+        Dataset.from_list(rows), tok, max_model_len=128, max_completion_length=64
+    )
+    assert dropped == 1 and len(kept) == 1 and "Dropped 1 of 2 prompts" in caplog.text
+    with pytest.raises(DnaConfigError, match="Every prompt is longer than"):
+        drop_overlong_prompts(Dataset.from_list(rows[1:]), tok, max_model_len=128, max_completion_length=64)
+
+
+# ----------------------------------------------------------------------------------------- portable attention
+
+
+def _sample(ids, n_prompt, group):
+    n = len(ids)
+    return {"input_ids": torch.tensor(ids), "completion_mask": torch.tensor([0] * n_prompt + [1] * (n - n_prompt)),
+            "old_log_probs": torch.zeros(n), "advantage": 1.0, "group_id": group}  # fmt: skip
+
+
+def test_tree_sdpa_matches_unpacked_dense_forward(tiny_model):
+    from transformers import AutoModelForCausalLM
+    from trl.experimental.async_grpo.packing import TreeRow
+
+    from dna_factory.tree_attention import use_tree_sdpa
+
+    gen = torch.Generator().manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="sdpa").eval()
+    prompt = torch.randint(10, 1000, (7,), generator=gen).tolist()
+    samples = [
+        _sample(prompt + torch.randint(10, 1000, (n,), generator=gen).tolist(), 7, 0) for n in (5, 3, 6)
+    ]
+    samples.append(_sample(torch.randint(10, 1000, (9,), generator=gen).tolist(), 4, 1))  # another group
+    row = TreeRow()
+    for s in samples:
+        row.add(s)
+    packed = row.pack()
+    assert len(packed["input_ids"]) < sum(len(s["input_ids"]) for s in samples)  # the prompt is shared
+    targets, dense = [], []
+    with torch.no_grad():
+        for s in samples:
+            ids, mask = s["input_ids"].tolist(), s["completion_mask"].tolist()
+            logp = torch.log_softmax(model(s["input_ids"][None]).logits[0].double(), -1)
+            for q in range(1, len(ids)):
+                if mask[q]:
+                    targets.append(ids[q])
+                    dense.append(logp[q - 1, ids[q]].item())
+        use_tree_sdpa(model)
+        out = model(
+            input_ids=packed["input_ids"][None], position_ids=packed["position_ids"][None],
+            tree_kv_index=packed["tree_kv_index"], tree_cu_seqlens_q=packed["tree_cu_seqlens_q"],
+            tree_cu_seqlens_k=packed["tree_cu_seqlens_k"], tree_max_seqlen_q=int(packed["tree_max_seqlens"][0]),
+            tree_max_seqlen_k=int(packed["tree_max_seqlens"][1]),
+        )  # fmt: skip
+        logp = torch.log_softmax(out.logits[0].double(), -1)
+    got = [logp[i, t].item() for i, t in zip(packed["token_index"].tolist(), targets, strict=True)]
+    assert len(got) == len(dense) == 19
+    assert max(abs(a - b) for a, b in zip(got, dense, strict=True)) < 1e-5
+
+
+# ----------------------------------------------------------------------------------------- train, stop, resume
+
+
+def _restore_server_weights(vllm_server, tiny_model):
+    base = vllm_server.base_url.removesuffix("/v1")
+    for path, body in (
+        ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(tiny_model)}}),
+        ("/reset_prefix_cache", {}),
+    ):
+        request = urllib.request.Request(
+            base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        urllib.request.urlopen(request, timeout=120).read()
+
+
+def _positions(out: Path) -> list[int]:
+    lines = (out / "trained_groups.jsonl").read_text().splitlines()
+    return [p for line in lines for p in json.loads(line)["positions"]]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_async_trains_stops_resumes_and_finishes(vllm_server, tiny_model, tmp_path):
+    url = vllm_server.base_url.removesuffix("/v1")
+    out = tmp_path / "async"
+    args = ["grpo.py", "--config", ASYNC, "--vllm_server_base_url", url, "--output_dir", str(out),
+            "--save_steps", "2", "--save_total_limit", "5", "--max_steps", "6"]  # fmt: skip
+    try:
+        child = subprocess.Popen(
+            [sys.executable, *args], cwd=REPO, env=cli_env(), start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.time() + 400
+        while not (out / "checkpoint-2" / "trainer_state.json").is_file():
+            assert child.poll() is None, child.stderr.read()[-3000:]
+            assert time.time() < deadline
+            time.sleep(0.2)
+        os.killpg(child.pid, signal.SIGKILL)  # the trainer and its rollout-worker child
+        child.wait()
+        state = json.loads((out / "checkpoint-2" / "rollout_state.json").read_text())
+        assert {"prompt_index", "done_above", "model_version"} <= set(state)
+        for later in out.glob("checkpoint-*"):
+            if later.name != "checkpoint-2":
+                import shutil
+
+                shutil.rmtree(later)
+        before = set(_positions(out))
+
+        proc = run_cli(*args[:-1], "4", timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert "Exact resume from" in proc.stderr
+        first_sync, worker_start = proc.stderr.find("Weight sync 1:"), proc.stderr.find("spawned child")
+        assert 0 <= first_sync < worker_start, (
+            "resumed weights must reach the server before generation starts"
+        )
+        summary = json.loads((out / "run_summary.json").read_text())
+        assert summary["global_step"] == 4 and summary["resumed_from"].endswith("checkpoint-2")
+        assert (out / "checkpoint-4" / "rollout_state.json").is_file()
+        positions = _positions(out)
+        assert len(positions) == len(set(positions)), "a prompt group was trained twice"
+        assert set(positions) > before
+        history = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())["log_history"]
+        assert any("sample/staleness_mean" in h and "perf/rollout_wait_s" in h for h in history)
+    finally:
+        _restore_server_weights(vllm_server, tiny_model)
