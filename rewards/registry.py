@@ -73,6 +73,14 @@ FACTORIES: dict[str, RewardFactory] = {
     "playground": RewardFactory(
         "rewards.verifiable:make_playground_reward", "last number equals the expected number"
     ),
+    "code_execution": RewardFactory(
+        "rewards.code:make_code_execution_reward",
+        "the completion's program passes the row's tests, sandboxed",
+    ),
+    "instruction_following": RewardFactory(
+        "rewards.instruction:make_instruction_following_reward",
+        "IFEval-style verifiable instructions followed",
+    ),
     # TRL 1.16's shaping-reward builders. They return closures, which do not pickle, so they work
     # with sync GRPO only (the async rollout worker pickles its rewards).
     "get_soft_overlong_punishment": RewardFactory(

@@ -1,0 +1,482 @@
+r"""Code-execution reward: run the program in a completion against the row's tests, in a sandbox.
+
+For each completion the reward takes the program (by default the last fenced Python code block,
+see :func:`extract_code`), runs it with the row's tests in :mod:`rewards.sandbox`, and returns
+the fraction of tests that passed (or 1.0 only when all passed, with ``all_or_nothing``).
+
+Row columns (``tests_column``, default ``tests``; one of these shapes per row):
+
+==================================== ==========================================================
+``["assert f(1) == 2", ...]``        assert-style tests (MBPP's ``test_list``): each string runs
+                                     after the program, in its globals; one test each
+``"def check(candidate): ..."``      one test script run after the program (HumanEval's
+                                     ``test``); with an ``entry_point`` column it ends with
+                                     ``check(<entry_point>)``
+``[{"input": "1 2\n", "output":      stdin/stdout tests: the program runs once per case with that
+"3\n"}, ...]``                       stdin; it passes when it exits 0 and its output matches
+``{"inputs": [...], "outputs":       the same, APPS/CodeContests style
+[...]}``
+==================================== ==========================================================
+
+With asserts or a test script the program runs as module ``solution`` (its ``if __name__ ==
+"__main__":`` block stays quiet, as in the HumanEval and MBPP harnesses); with stdin/stdout cases
+it runs as ``__main__``.
+
+A string holding JSON (``"[...]"`` or ``"{...}"``) is decoded first, so datasets that store
+tests as JSON text work. Outputs match when they are equal after stripping trailing whitespace
+from every line and trailing blank lines. ``setup_column`` (e.g. MBPP's ``test_setup_code``)
+holds code run after the program and before the tests.
+
+Per completion the reward is None when the row has no tests (missing, empty) or when the
+sandbox itself failed (logged); 0.0 when the completion has no code; otherwise passed / total.
+A malformed tests cell raises ``ValueError``.
+
+Sandbox settings (``timeout_s``, ``cpu_s``, ``memory_mb``, ``max_output_bytes``) apply to each
+run; at most ``concurrency`` runs go at once per reward, also across calls that overlap on one
+event loop (async GRPO scores several groups at once). The reward is async: TRL runs it on its
+event-loop thread, so the runs do not block the trainer.
+
+Metrics through ``log_metric`` (per run unless noted): ``<name>/pass_rate`` (mean fraction per
+scored completion), ``<name>/no_code_rate`` (per completion), ``<name>/timeout_rate``,
+``<name>/crash_rate`` (the program raised or died before its tests), ``<name>/cpu_limit_rate``,
+``<name>/memory_limit_rate``, ``<name>/process_limit_rate``, ``<name>/output_limit_rate``,
+``<name>/network_attempt_rate``, ``<name>/sandbox_error_rate``, ``<name>/run_latency_s`` (mean)
+and ``<name>/batch_latency_s``.
+
+Example:
+    >>> import asyncio
+    >>> reward = make_code_execution_reward(timeout_s=5)
+    >>> completion = "Here:\n```python\ndef add(a, b):\n    return a + b\n```"
+    >>> asyncio.run(reward(prompts=["q", "q"], completions=[completion, "no code"],
+    ...                    tests=[["assert add(1, 2) == 3", "assert add(2, 2) == 5"], ["assert True"]]))
+    [0.5, 0.0]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from rewards.interface import column, completion_text, label_mask
+from rewards.registry import RewardConfigError
+from rewards.sandbox import ISOLATIONS, ExecutionResult, Limits, run_python_async
+
+logger = logging.getLogger(__name__)
+
+CODE_BLOCKS = ("last", "first", "all", "none")
+"""``code_block`` choices: which fenced block(s) hold the program, or ``none`` for the whole text."""
+PYTHON_TAGS = frozenset({"", "python", "py", "python3", "py3"})
+"""Fence languages read as Python (an untagged fence counts)."""
+
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)^[ \t]*```", re.MULTILINE | re.DOTALL)
+_LIMIT_METRICS = {
+    "cpu_time": "cpu_limit_rate",
+    "memory": "memory_limit_rate",
+    "processes": "process_limit_rate",
+    "output": "output_limit_rate",
+    "network": "network_attempt_rate",
+}
+
+
+def after_thinking(text: str) -> str | None:
+    """The answer part of a completion: the text after the last ``</think>``.
+
+    Returns the text unchanged when it has no ``<think>``, and None when a ``<think>`` is never
+    closed (the completion was cut off while thinking, so it has no answer).
+
+    Example:
+        >>> after_thinking("<think>try x</think>final"), after_thinking("<think>still going") is None
+        ('final', True)
+    """
+    head, sep, tail = text.rpartition("</think>")
+    if sep:
+        return tail
+    return None if "<think>" in text else text
+
+
+def extract_code(text: str, code_block: str = "last") -> str | None:
+    """The program in ``text``: fenced Python code blocks (```` ```python ````, ```` ```py ````
+    or untagged) chosen by ``code_block``, or the whole text with ``none``.
+
+    Args:
+        text: The completion's answer text.
+        code_block: ``last`` (default), ``first``, ``all`` (every Python block, joined by blank
+            lines, in order) or ``none``.
+
+    Returns:
+        The code, or None when there is none (no closed Python block, or an empty text).
+
+    Example:
+        >>> extract_code("```python\\nx = 1\\n```\\nthen\\n```\\nprint(x)\\n```", "all")
+        'x = 1\\n\\n\\nprint(x)\\n'
+    """
+    if code_block == "none":
+        return text if text.strip() else None
+    blocks = [body for language, body in _FENCE.findall(text) if language.lower() in PYTHON_TAGS]
+    blocks = [body for body in blocks if body.strip()]
+    if not blocks:
+        return None
+    if code_block == "first":
+        return blocks[0]
+    if code_block == "all":
+        return "\n\n".join(blocks)
+    return blocks[-1]
+
+
+@dataclass(frozen=True)
+class TestSuite:
+    """A row's tests: snippets run after the program, or stdin/stdout cases."""
+
+    snippets: tuple[str, ...] = ()
+    cases: tuple[tuple[str, str], ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.snippets) + len(self.cases)
+
+
+def _case(item: Any, index: int) -> tuple[str, str]:
+    if isinstance(item, dict):
+        given = item.get("input", item.get("stdin"))
+        expected = item.get("output", item.get("stdout", item.get("expected_output")))
+        if given is not None and expected is not None:
+            return str(given), str(expected)
+    raise ValueError(
+        f"Test case {index} is {str(item)[:80]!r}, not a stdin/stdout pair. Write it as "
+        '{"input": "...", "output": "..."}.'
+    )
+
+
+def parse_tests(cell: Any, entry_point: str | None = None) -> TestSuite | None:
+    """A tests cell as a :class:`TestSuite`, or None when the row has no tests.
+
+    Args:
+        cell: A list of assert strings, a test script, a list of ``{"input", "output"}`` dicts,
+            a ``{"inputs": [...], "outputs": [...]}`` dict, JSON text of any of these, or
+            None/empty.
+        entry_point: The function a HumanEval-style ``check(candidate)`` script is called with.
+
+    Raises:
+        ValueError: When the cell has another shape.
+
+    Example:
+        >>> parse_tests('{"inputs": ["1 2"], "outputs": ["3"]}').cases
+        (('1 2', '3'),)
+        >>> parse_tests("def check(candidate):\\n    assert candidate(1) == 2", "inc").snippets[0].split()[-1]
+        'check(inc)'
+    """
+    if cell is None or (isinstance(cell, float) and cell != cell):
+        return None
+    if isinstance(cell, str):
+        text = cell.strip()
+        if not text:
+            return None
+        if text[0] in "[{":
+            try:
+                return parse_tests(json.loads(text), entry_point)
+            except json.JSONDecodeError:
+                pass  # Python code that starts with a bracket, e.g. a list literal
+        if entry_point and re.search(r"^def check\(", cell, re.MULTILINE):
+            cell = f"{cell}\n\ncheck({entry_point})\n"
+        return TestSuite(snippets=(cell,))
+    if isinstance(cell, dict):
+        inputs = cell.get("inputs", cell.get("input"))
+        outputs = cell.get("outputs", cell.get("output"))
+        if isinstance(inputs, list) and isinstance(outputs, list) and len(inputs) == len(outputs):
+            cases = tuple((str(i), str(o)) for i, o in zip(inputs, outputs, strict=True))
+            return TestSuite(cases=cases) if cases else None
+        raise ValueError(
+            f"A tests dict needs equally long 'inputs' and 'outputs' lists; got keys {sorted(cell)}. "
+            'Write it as {"inputs": [...], "outputs": [...]}.'
+        )
+    if isinstance(cell, (list, tuple)):
+        items = [item for item in cell if not (isinstance(item, str) and not item.strip())]
+        if not items:
+            return None
+        if all(isinstance(item, str) for item in items):
+            return TestSuite(snippets=tuple(items))
+        return TestSuite(cases=tuple(_case(item, i) for i, item in enumerate(items)))
+    raise ValueError(
+        f"A tests cell is a {type(cell).__name__}. Use a list of assert strings, a test script, or "
+        "stdin/stdout cases (see rewards/code.py)."
+    )
+
+
+def same_output(actual: str, expected: str) -> bool:
+    """Outputs equal up to trailing whitespace on each line and trailing blank lines.
+
+    Example:
+        >>> same_output("3 \\n\\n", "3"), same_output("3", "4")
+        (True, False)
+    """
+
+    def lines(text: str) -> list[str]:
+        rows = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+        while rows and not rows[-1]:
+            rows.pop()
+        return rows
+
+    return lines(actual) == lines(expected)
+
+
+@dataclass
+class _Outcome:
+    """One completion's score and the sandbox runs behind it."""
+
+    score: float | None
+    runs: list[ExecutionResult]
+    has_code: bool = True
+
+
+class CodeExecutionReward:
+    """A picklable async code-execution reward; build it with :func:`make_code_execution_reward`."""
+
+    def __init__(
+        self,
+        tests_column: str,
+        setup_column: str | None,
+        entry_point_column: str | None,
+        code_block: str,
+        all_or_nothing: bool,
+        timeout_s: float,
+        limits: Limits,
+        concurrency: int,
+        isolation: str,
+        only_label: str | None,
+        name: str,
+    ):
+        self.tests_column = tests_column
+        self.setup_column = setup_column
+        self.entry_point_column = entry_point_column
+        self.code_block = code_block
+        self.all_or_nothing = all_or_nothing
+        self.timeout_s = timeout_s
+        self.limits = limits
+        self.concurrency = concurrency
+        self.isolation = isolation
+        self.only_label = only_label
+        self.__name__ = name
+        self._warned: set[str] = set()
+        self._semaphores: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_semaphores"] = None  # bound to event loops; rebuilt after unpickling
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._semaphores = weakref.WeakKeyDictionary()
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        """The bound on sandbox runs, shared by every call of this reward on the running loop."""
+        loop = asyncio.get_running_loop()
+        if loop not in self._semaphores:
+            self._semaphores[loop] = asyncio.Semaphore(self.concurrency)
+        return self._semaphores[loop]
+
+    def __repr__(self) -> str:
+        return (
+            f"CodeExecutionReward(name={self.__name__!r}, tests_column={self.tests_column!r}, "
+            f"code_block={self.code_block!r}, all_or_nothing={self.all_or_nothing}, timeout_s={self.timeout_s})"
+        )
+
+    def required_columns(self) -> set[str]:
+        """Dataset columns this reward reads (for the recipe dry-run); ``entry_point`` is optional."""
+        return {self.tests_column} | ({self.setup_column} if self.setup_column else set())
+
+    async def __call__(
+        self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **kwargs: Any
+    ) -> list[float | None]:
+        """Score a batch: passed / total tests per completion (see the module docstring)."""
+        n = len(completions)
+        applies = label_mask(self.only_label, kwargs, n, self.__name__, self._warned)
+        cells = column(kwargs, self.tests_column, n)
+        if cells is None:
+            self._warn_once(
+                "no_tests",
+                "Reward %s reads tests from column %r, which this batch does not have, so it scores no "
+                "sample. Set tests_column to the column holding the tests.",
+                self.tests_column,
+            )
+            return [None] * n
+        setups = column(kwargs, self.setup_column, n) if self.setup_column else None
+        entry_points = column(kwargs, self.entry_point_column, n) if self.entry_point_column else None
+        start = time.perf_counter()
+        semaphore = self._semaphore()
+        jobs = []
+        for i in range(n):
+            entry_point = entry_points[i] if entry_points is not None else None
+            suite = parse_tests(cells[i], str(entry_point) if entry_point else None) if applies[i] else None
+            setup = setups[i] if setups is not None else None
+            jobs.append(self._score(semaphore, completions[i], suite, setup))
+        outcomes = await asyncio.gather(*jobs)
+        self._report(outcomes, time.perf_counter() - start, kwargs)
+        return [outcome.score for outcome in outcomes]
+
+    async def _score(
+        self, semaphore: asyncio.Semaphore, completion: Any, suite: TestSuite | None, setup: Any
+    ) -> _Outcome:
+        if suite is None or len(suite) == 0:
+            return _Outcome(None, [])
+        answer = after_thinking(completion_text(completion))
+        code = extract_code(answer, self.code_block) if answer is not None else None
+        if code is None:
+            return _Outcome(0.0, [], has_code=False)
+        if isinstance(setup, str) and setup.strip():
+            code = f"{code}\n\n{setup}\n"
+        runs: list[ExecutionResult] = []
+        passed = 0
+        if suite.snippets:
+            async with semaphore:
+                result = await run_python_async(
+                    code,
+                    tests=suite.snippets,
+                    timeout_s=self.timeout_s,
+                    limits=self.limits,
+                    isolation=self.isolation,
+                )
+            runs.append(result)
+            passed += sum(result.tests_passed or ())
+
+        async def case(stdin: str) -> ExecutionResult:
+            async with semaphore:
+                return await run_python_async(
+                    code, stdin, timeout_s=self.timeout_s, limits=self.limits, isolation=self.isolation
+                )
+
+        case_runs = await asyncio.gather(*(case(stdin) for stdin, _ in suite.cases))
+        for (_, expected), result in zip(suite.cases, case_runs, strict=True):
+            runs.append(result)
+            passed += result.ok and same_output(result.stdout, expected)
+        if any(run.sandbox_error is not None for run in runs):
+            return _Outcome(None, runs)
+        fraction = passed / len(suite)
+        return _Outcome(float(fraction == 1.0) if self.all_or_nothing else fraction, runs)
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message, self.__name__, *args)
+
+    def _report(self, outcomes: list[_Outcome], latency: float, kwargs: dict[str, Any]) -> None:
+        """Log sandbox failures and send the run statistics to the trainer."""
+        runs = [run for outcome in outcomes for run in outcome.runs]
+        errors = [run.sandbox_error for run in runs if run.sandbox_error is not None]
+        if errors:
+            logger.warning(
+                "Reward %s: the sandbox failed in %d of %d runs; those samples get None. First error: %s",
+                self.__name__,
+                len(errors),
+                len(runs),
+                errors[0],
+            )
+        log_metric = kwargs.get("log_metric")
+        attempted = [outcome for outcome in outcomes if outcome.runs or not outcome.has_code]
+        if not callable(log_metric) or not attempted:
+            return
+        scored = [outcome.score for outcome in attempted if outcome.score is not None]
+        if scored:
+            log_metric(f"{self.__name__}/pass_rate", sum(scored) / len(scored))
+        log_metric(f"{self.__name__}/no_code_rate", sum(not o.has_code for o in attempted) / len(attempted))
+        log_metric(f"{self.__name__}/batch_latency_s", latency)
+        if not runs:
+            return
+        total = len(runs)
+        log_metric(f"{self.__name__}/timeout_rate", sum("wall_time" in r.limits_hit for r in runs) / total)
+        log_metric(f"{self.__name__}/crash_rate", sum(_crashed(r) for r in runs) / total)
+        for kind, metric in _LIMIT_METRICS.items():
+            log_metric(f"{self.__name__}/{metric}", sum(kind in r.limits_hit for r in runs) / total)
+        log_metric(f"{self.__name__}/sandbox_error_rate", len(errors) / total)
+        log_metric(f"{self.__name__}/run_latency_s", sum(r.wall_s for r in runs) / total)
+
+
+def _crashed(run: ExecutionResult) -> bool:
+    """The program itself failed: raised or died before its tests, or a script run exited non-zero."""
+    if run.status != "error":
+        return False
+    return run.loaded is False if run.loaded is not None else True
+
+
+def make_code_execution_reward(
+    tests_column: str = "tests",
+    setup_column: str | None = None,
+    entry_point_column: str | None = "entry_point",
+    code_block: str = "last",
+    all_or_nothing: bool = False,
+    timeout_s: float = 10.0,
+    cpu_s: float = 5.0,
+    memory_mb: int = 1024,
+    max_output_bytes: int = 100_000,
+    concurrency: int | None = None,
+    isolation: str = "auto",
+    only_label: str | None = None,
+    name: str | None = None,
+) -> CodeExecutionReward:
+    r"""Build the code-execution reward (YAML: ``{factory: code_execution, ...}``).
+
+    Args:
+        tests_column: The column holding each row's tests (shapes in the module docstring).
+        setup_column: A column of code run after the program and before the tests (e.g. MBPP's
+            ``test_setup_code``); None for none.
+        entry_point_column: The column naming the function a HumanEval ``check(candidate)``
+            script tests; read when the batch has it.
+        code_block: Which fenced Python block is the program: ``last``, ``first``, ``all``, or
+            ``none`` (the whole completion).
+        all_or_nothing: 1.0 only when every test passes, else 0.0 (default: the fraction passed).
+        timeout_s: Wall-clock seconds per sandbox run.
+        cpu_s: CPU seconds per sandbox run.
+        memory_mb: Address-space limit per run, in MiB.
+        max_output_bytes: Captured stdout/stderr per run; more kills the run.
+        concurrency: Sandbox runs at once for this reward (calls overlapping on one event loop
+            share the bound); default ``min(8, CPU count)``.
+        isolation: ``auto`` (namespaces where this machine allows them), ``namespaces`` or
+            ``process``; see :mod:`rewards.sandbox`.
+        only_label: Score only rows whose ``label`` equals this; others get None.
+        name: The reward's ``__name__`` (TRL's metric prefix); default ``code_execution``.
+
+    Returns:
+        A picklable async callable with TRL's reward signature.
+
+    Raises:
+        RewardConfigError: For an unknown ``code_block`` or ``isolation``, or a non-positive number.
+
+    Example:
+        >>> reward = make_code_execution_reward(tests_column="test_list", all_or_nothing=True)
+        >>> reward.required_columns(), reward.__name__
+        ({'test_list'}, 'code_execution')
+    """
+    if isolation not in ISOLATIONS:
+        raise RewardConfigError(f"Unknown isolation {isolation!r}. Use one of: {', '.join(ISOLATIONS)}.")
+    if code_block not in CODE_BLOCKS:
+        raise RewardConfigError(f"Unknown code_block {code_block!r}. Use one of: {', '.join(CODE_BLOCKS)}.")
+    if concurrency is None:
+        concurrency = max(1, min(8, os.cpu_count() or 1))
+    for option, value in (("timeout_s", timeout_s), ("concurrency", concurrency)):
+        if not value > 0:
+            raise RewardConfigError(
+                f"Code reward option {option}={value!r} is not positive. Give a number above 0."
+            )
+    try:
+        limits = Limits(cpu_s=cpu_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes)
+    except ValueError as exc:
+        raise RewardConfigError(f"Code reward limits are invalid: {exc}") from exc
+    return CodeExecutionReward(
+        tests_column,
+        setup_column,
+        entry_point_column,
+        code_block,
+        all_or_nothing,
+        timeout_s,
+        limits,
+        concurrency,
+        isolation,
+        only_label,
+        name or "code_execution",
+    )

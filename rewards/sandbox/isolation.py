@@ -1,0 +1,115 @@
+"""Which isolation this machine allows the code sandbox, found once per process by a real run.
+
+:func:`sandbox_isolation` runs ``print('ok')`` under ``unshare`` (see :mod:`rewards.sandbox`);
+when that works every ``isolation="auto"`` run uses fresh namespaces, otherwise plain processes,
+with one warning that says why and what to change.
+
+Example:
+    >>> sandbox_isolation().namespaces in (True, False)
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_isolation: Isolation | None = None
+
+
+def namespace_command() -> tuple[str, ...] | None:
+    """The command prefix that starts a program in fresh namespaces, or None without ``unshare``.
+
+    ``setpriv --pdeathsig KILL`` (when present) makes ``unshare`` die with the thread that
+    started it; ``--kill-child`` takes the namespace down with it.
+
+    Example:
+        >>> (namespace_command() or ("--",))[-1]
+        '--'
+    """
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return None
+    command = [unshare, "--net", "--pid", "--mount-proc", "--fork", "--kill-child"]
+    if os.geteuid() != 0:
+        command += ["--user", "--map-root-user"]
+    setpriv = shutil.which("setpriv")
+    if setpriv is not None:
+        command = [setpriv, "--pdeathsig", "KILL", *command]
+    return (*command, "--")
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What this machine allows, found once per process by :func:`sandbox_isolation`."""
+
+    namespaces: bool
+    command: tuple[str, ...]
+    reason: str = ""
+
+
+def sandbox_isolation() -> Isolation:
+    """Whether programs run in fresh namespaces here, probed once per process by a real run.
+
+    Returns:
+        The :class:`Isolation` every ``isolation="auto"`` run uses. When namespaces do not work,
+        ``reason`` says why, and a warning is logged once.
+
+    Example:
+        >>> sandbox_isolation().namespaces in (True, False)
+        True
+    """
+    global _isolation
+    from rewards.sandbox import run_python, sweep_stale_workdirs  # imported late: a cycle
+
+    with _lock:
+        if _isolation is not None:
+            return _isolation
+        stale = sweep_stale_workdirs()
+        if stale:
+            logger.info("Deleted %d sandbox directories left by killed processes.", stale)
+        command = namespace_command()
+        if command is None:
+            reason = "util-linux 'unshare' is not installed"
+        else:
+            probe = run_python("print('ok')", timeout_s=30.0, isolation="namespaces")
+            if probe.ok and probe.stdout == "ok\n":
+                _isolation = Isolation(True, command)
+                _report(probe.protections)
+                return _isolation
+            reason = probe.sandbox_error or probe.stderr.strip()[-300:] or f"probe ended with {probe.status}"
+        _isolation = Isolation(False, (), reason)
+        logger.warning(
+            "The code sandbox cannot create namespaces here (%s), so programs run as plain processes: "
+            "limits, seccomp (no sockets, no processes) and a scrubbed environment still apply, but "
+            "file writes outside the working directory are only refused inside Python. Allow user "
+            "namespaces (sysctl kernel.unprivileged_userns_clone=1, or a container run with "
+            "--security-opt seccomp=unconfined) to get them.",
+            reason,
+        )
+        probe = run_python("print('ok')", timeout_s=30.0, isolation="process")
+        if probe.ok and probe.stdout == "ok\n":
+            _report(probe.protections)
+        else:
+            logger.error(
+                "The code sandbox cannot run a program here either (%s), so every code reward will be None. "
+                "Check that this Python starts with -I and that the kernel allows seccomp filters.",
+                probe.sandbox_error or probe.status,
+            )
+        return _isolation
+
+
+def _report(protections: frozenset[str]) -> None:
+    logger.info("Code sandbox protections: %s.", ", ".join(sorted(protections)))
+    if "seccomp" not in protections:
+        logger.warning(
+            "The code sandbox has no seccomp filter on this architecture (only x86_64 and aarch64 are "
+            "covered), so only the Python audit hook refuses sockets, new processes and signals; "
+            "ctypes or C extensions can get past it. Run the trainer on x86_64/aarch64 or in a VM."
+        )
