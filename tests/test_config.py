@@ -143,7 +143,7 @@ def test_yaml_no_is_the_string_no_for_enum_keys(tiny_model):
     assert cfg.values["save_strategy"] == "no"
 
 
-STAGE_DIRS = {"SFT": "sft", "DPO": "dpo", "GRPO": "grpo"}
+STAGE_DIRS = {"SFT": "sft", "DPO": "dpo", "GRPO": "grpo", "Distill": "distill"}
 SHIPPED = sorted(p for d in STAGE_DIRS for p in (REPO / "configs" / d).glob("*.yaml"))
 
 

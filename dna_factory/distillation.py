@@ -1,0 +1,286 @@
+"""On-policy distillation (S-OPD): the student samples, the teacher scores, the student moves toward the teacher.
+
+Both modes run TRL's :class:`~trl.DistillationTrainer` loop — the student generates
+completions for prompt-only rows with its own sampling parameters (``temperature``,
+``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``), completions are generated once per
+optimizer step and split across the accumulation window — and differ in what the teacher
+gives back and which loss is trained (all quantities in nats, per completion token).
+
+``local_teacher`` — :class:`LocalTeacherDistillationTrainer` (TRL's loss, unchanged)
+    The teacher is loaded next to the student and both full next-token distributions are
+    compared at every completion position with TRL's generalized Jensen–Shannon divergence
+    (chunked over the vocabulary; the ``(tokens, vocab)`` logits are never materialised)::
+
+        beta = 1:  KL(S ‖ T) = Σ_v S_v (log S_v − log T_v)        reverse KL, mode-seeking (default)
+        beta = 0:  KL(T ‖ S) = Σ_v T_v (log T_v − log S_v)        forward KL, mass-covering
+        else:      beta·KL(T ‖ M) + (1 − beta)·KL(S ‖ M),  M = (1 − beta)·S + beta·T   (0.5: JSD)
+
+    The logged ``loss`` is the mean of that divergence over completion tokens.
+
+``server_teacher`` — :class:`SampledTokenOPDTrainer` (S-OPD-3, seed 001)
+    The teacher sits behind a vLLM server (:mod:`dna_factory.teacher_server`) and returns
+    only ``log π_T(y_t | x, y_<t)`` of the token the student sampled. Per token::
+
+        d_t = log π_old(y_t | x, y_<t) − log π_T(y_t | x, y_<t)     one-sample estimate of KL(π_θ ‖ π_T)
+        A_t = −β · d_t                                             β = ``opd_kl_coef``
+        L   = −Σ_t r_t · A_t / N,   r_t = π_θ(y_t) / π_old(y_t)      importance-sampling policy gradient
+
+    summed over the completion tokens of the batch, ``N`` of them. Each rollout gets its own
+    signal (no group centring). ``π_old`` is the student that sampled: the weights do not
+    change between sampling and the last micro-batch of the step, so ``log π_old`` is the
+    detached ``log π_θ`` of the same forward (as TRL's GRPO does for ``num_iterations=1``)
+    and ``r_t = 1`` in value, while ``∇L = −Σ_t A_t ∇ log π_θ(y_t) / N = β·Σ_t d_t ∇ log π_θ(y_t) / N``,
+    the policy gradient of ``β·KL(π_θ ‖ π_T)`` with per-token credit. The logged ``loss``
+    therefore equals ``β · opd/reverse_kl_mean``. Both log-probabilities are untempered
+    (temperature 1); the sampling temperature only decides which states are visited.
+
+Metrics (both modes, per optimizer step): ``data/completion_tokens_total`` (completion
+tokens the teacher scored, all processes) and ``data/completion_tokens_per_second`` (that
+count over the whole step: sampling, teacher, forward/backward, optimizer). Server mode
+adds ``opd/reverse_kl_mean`` and ``opd/reverse_kl_std`` (mean and standard deviation of
+``d_t`` over the step's tokens) and ``time/teacher_s`` (wall time of teacher scoring).
+
+TRL touch points — private API of TRL 1.16.0, all in this module and
+:mod:`dna_factory.teacher_server`, guarded by ``tests/test_distill.py::test_trl_canary``:
+``DistillationTrainer._generate_and_score_completions`` (overridden, calls ``super()``; its
+output keys ``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``,
+``num_items_in_batch``), ``._get_last_hidden_state``, ``._forward_redirection``,
+``._metrics``, ``trl.kernels.ChunkedLogProbFunction.apply``'s argument order,
+``trl.trainer.utils.maybe_gather_lm_head_ctx``, and
+``VLLMClient.get_sequence_logprobs``'s ``actual_logprobs``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from transformers import TrainerCallback
+from trl import DistillationTrainer
+from trl.kernels import ChunkedLogProbFunction
+from trl.trainer.utils import maybe_gather_lm_head_ctx
+
+logger = logging.getLogger(__name__)
+
+TRL_VERSION = "1.16.0"
+VOCAB_CHUNK = 32768
+"""Vocabulary columns projected at once by the chunked log-probability (TRL's fused head uses the same)."""
+
+
+# --------------------------------------------------------------------------- the maths
+
+
+def sampled_token_advantages(
+    student_logps: torch.Tensor, teacher_logps: torch.Tensor, kl_coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token reverse-KL signal of S-OPD-3: ``d_t = log π_old(y_t) − log π_T(y_t)``, ``A_t = −kl_coef · d_t``.
+
+    Args:
+        student_logps: ``log π_old(y_t | x, y_<t)`` of the sampled tokens, nats, any shape.
+        teacher_logps: ``log π_T(y_t | x, y_<t)`` of the same tokens, same shape.
+        kl_coef: β, the distillation strength.
+
+    Returns:
+        ``(d, A)``: ``d_t > 0`` where the student likes ``y_t`` more than the teacher does (it is pushed
+        down), ``d_t < 0`` where the teacher gives ``y_t`` more probability (it is pulled up).
+
+    Example:
+        >>> d, a = sampled_token_advantages(torch.tensor([-0.5, -2.0, -0.1]), torch.tensor([-0.7, -0.9, -0.1]), 0.5)
+        >>> [round(x, 6) for x in a.tolist()]
+        [-0.1, 0.55, -0.0]
+    """
+    d = student_logps - teacher_logps
+    return d, -kl_coef * d
+
+
+def importance_sampling_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    num_items: torch.Tensor | float,
+) -> torch.Tensor:
+    """``−Σ_t exp(log π_θ − log π_old) · A_t / N`` over the masked tokens (the importance-sampling loss).
+
+    Args:
+        logps: ``log π_θ(y_t)`` with gradient, shape ``(B, T)``.
+        old_logps: ``log π_old(y_t)`` of the sampler, no gradient, same shape.
+        advantages: ``A_t``, no gradient, same shape.
+        mask: 1 on completion tokens, 0 on padding.
+        num_items: ``N``, the tokens the loss is averaged over (the batch's, for gradient accumulation).
+    """
+    ratio = torch.exp(logps - old_logps)
+    return -(ratio * advantages * mask).sum() / num_items
+
+
+def selective_logprobs(
+    hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, mask: torch.Tensor, config
+) -> torch.Tensor:
+    """``log softmax(hidden @ W.T)[target]`` at the masked positions, zero elsewhere; never builds ``(N, vocab)``.
+
+    TRL's chunked kernel projects ``VOCAB_CHUNK`` vocabulary columns at a time and folds them
+    into an online log-sum-exp, so memory is ``O(N · VOCAB_CHUNK)`` instead of ``O(N · vocab)``.
+
+    Args:
+        hidden: last hidden states aligned with ``targets`` (``hidden[b, t]`` predicts ``targets[b, t]``), ``(B, T, H)``.
+        lm_head: the model's output embedding (``get_output_embeddings()``).
+        targets: token ids ``(B, T)``; mask: bool ``(B, T)``; config: the model config (logit scale, softcapping).
+    """
+    text_config = config.get_text_config()
+    logit_scale = getattr(text_config, "logit_scale", None)
+    softcap = getattr(text_config, "final_logit_softcapping", None)
+    weight, bias = lm_head.weight, lm_head.bias
+    hidden = hidden.to(weight.device)
+    mask = mask.to(weight.device)
+    with maybe_gather_lm_head_ctx(weight, bias):
+        logps, *_ = ChunkedLogProbFunction.apply(
+            hidden[mask],
+            weight,
+            bias,
+            targets.to(weight.device)[mask],
+            1.0,
+            VOCAB_CHUNK,
+            softcap,
+            1.0 if logit_scale is None else logit_scale,
+            (),
+        )
+    # masked_scatter keeps the output connected to the graph even when nothing is masked in.
+    return logps.new_zeros(mask.shape).masked_scatter(mask, logps)
+
+
+# --------------------------------------------------------------------------- per-step metrics
+
+
+class _StepMetrics(TrainerCallback):
+    """Times each optimizer step (sampling through optimizer) and flushes the step's counters into TRL's metrics."""
+
+    def __init__(self, trainer: _CompletionThroughputMixin) -> None:
+        self.trainer = trainer
+        self.started: float | None = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.started is not None:
+            self.trainer._flush_step_metrics(time.perf_counter() - self.started)
+        self.started = None
+
+
+class _CompletionThroughputMixin:
+    """``data/completion_tokens_total`` and ``data/completion_tokens_per_second`` for a DistillationTrainer."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._step_completion_tokens = 0
+        self.add_callback(_StepMetrics(self))
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        if self.model.training:
+            # num_items_in_batch is the completion-token count gathered over every process.
+            self._step_completion_tokens += int(output["num_items_in_batch"].item())
+        return output
+
+    def _flush_step_metrics(self, seconds: float) -> None:
+        metrics = self._metrics["train"]
+        metrics["data/completion_tokens_total"].append(float(self._step_completion_tokens))
+        metrics["data/completion_tokens_per_second"].append(self._step_completion_tokens / max(seconds, 1e-9))
+        self._step_completion_tokens = 0
+
+
+class LocalTeacherDistillationTrainer(_CompletionThroughputMixin, DistillationTrainer):
+    """TRL's DistillationTrainer (local teacher, generalized JSD selected by ``beta``) plus throughput metrics."""
+
+
+class SampledTokenOPDTrainer(_CompletionThroughputMixin, DistillationTrainer):
+    """Sampled-token on-policy distillation against a teacher server (S-OPD-3); see the module docstring.
+
+    Args:
+        teacher: a :class:`~dna_factory.teacher_server.TeacherServer`, already checked for alignment.
+        kl_coef: β of ``A_t = −β·d_t``.
+        *args, **kwargs: as for :class:`~trl.DistillationTrainer`, without ``teacher_model``.
+    """
+
+    _tag_names = ["trl", "distillation", "dna-factory-opd"]
+
+    def __init__(self, *args, teacher, kl_coef: float = 1.0, **kwargs):
+        super().__init__(*args, teacher_model=None, **kwargs)
+        self.teacher = teacher
+        self.kl_coef = kl_coef
+        self._kl_moments = torch.zeros(3, dtype=torch.float64)  # Σ d_t, Σ d_t², token count of the step
+        if self.temperature != 1.0:
+            logger.warning(
+                "temperature is %g: the student samples from a tempered distribution while d_t compares the "
+                "untempered student and teacher, so the rollouts are slightly off-policy for the KL being "
+                "minimised. temperature: 1.0 keeps them on-policy.",
+                self.temperature,
+            )
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        prompt_mask = output["prompt_mask"].bool()
+        completion_mask = output["completion_mask"].bool()
+        # The teacher scores exactly the student's ids: the prompt rendered once by the student's tokenizer
+        # (left padding removed) followed by the sampled completion (right padding removed).
+        prompts = [row[keep].tolist() for row, keep in zip(output["prompt_ids"], prompt_mask, strict=True)]
+        completions = [
+            row[keep].tolist() for row, keep in zip(output["completion_ids"], completion_mask, strict=True)
+        ]
+        started = time.perf_counter()
+        scores = self.teacher.score(prompts, completions)
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["time/teacher_s"].append(time.perf_counter() - started)
+        teacher_logps = torch.zeros(completion_mask.shape, dtype=torch.float32)
+        for row, values in enumerate(scores):
+            teacher_logps[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
+        output["teacher_logps"] = teacher_logps.to(output["completion_ids"].device)
+        return output
+
+    def _completion_logps(self, unwrapped, inputs) -> torch.Tensor:
+        """``log π_θ(y_t | x, y_<t)`` for every completion token (0 on padding), with gradient."""
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        hidden = self._get_last_hidden_state(
+            unwrapped, input_ids, attention_mask, inputs["completion_ids"].size(1)
+        )
+        return selective_logprobs(
+            hidden,
+            unwrapped.get_output_embeddings(),
+            inputs["completion_ids"],
+            inputs["completion_mask"].bool(),
+            unwrapped.config,
+        )
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        mask = inputs["completion_mask"].float()
+        if self.model.training and inputs.get("num_items_in_batch") is not None:
+            # As TRL's DistillationTrainer: the completion-token count of the whole generation batch (all
+            # processes), divided by the process count to undo DDP's gradient averaging.
+            num_items = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        else:
+            num_items = mask.sum().clamp(min=1.0)
+        unwrapped = self.accelerator.unwrap_model(model)
+        # Through the DDP/FSDP wrapper's forward, so gradient hooks and sharded parameters behave.
+        logps = self._forward_redirection(model, unwrapped, self._completion_logps, unwrapped, inputs)
+        old_logps = logps.detach()
+        teacher_logps = inputs["teacher_logps"].to(logps.device)
+        d, advantages = sampled_token_advantages(old_logps, teacher_logps, self.kl_coef)
+        loss = importance_sampling_loss(logps, old_logps, advantages, mask.to(logps.device), num_items)
+        if self.model.training:
+            masked = (d * mask.to(d.device)).double().cpu()
+            self._kl_moments += torch.stack([masked.sum(), (masked**2).sum(), mask.double().sum().cpu()])
+        return (loss, None) if return_outputs else loss
+
+    def _flush_step_metrics(self, seconds: float) -> None:
+        super()._flush_step_metrics(seconds)
+        total, total_sq, count = self.accelerator.reduce(
+            self._kl_moments.to(self.accelerator.device), reduction="sum"
+        ).tolist()
+        self._kl_moments.zero_()
+        if count > 0:
+            mean = total / count
+            variance = max(total_sq / count - mean * mean, 0.0)
+            self._metrics["train"]["opd/reverse_kl_mean"].append(mean)
+            self._metrics["train"]["opd/reverse_kl_std"].append(variance**0.5)

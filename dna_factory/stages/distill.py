@@ -1,0 +1,243 @@
+"""On-policy distillation (S-OPD) on TRL's DistillationTrainer: ``python distill.py --config RECIPE``.
+
+``distill_mode`` picks where the teacher lives and what it returns (see
+:mod:`dna_factory.distillation` for the maths, docs/distillation.md for when to use which):
+
+* ``local_teacher``: ``teacher_model_name_or_path`` is loaded beside the student; the loss is
+  TRL's full-vocabulary generalized JSD, ``beta`` 1.0 reverse KL (default), 0.0 forward KL,
+  0.5 JSD.
+* ``server_teacher``: the teacher behind a vLLM OpenAI-compatible server at
+  ``teacher_server_url`` scores the student's sampled tokens; sampled-token reverse KL with
+  advantage ``−opd_kl_coef · d_t`` and the importance-sampling loss.
+
+Validators run before any tokenizer or model loads (and under ``--dry_run``): mode and
+teacher settings, PEFT (only LoRA; never on ``lm_head``) and, when both tokenizers are
+local, tokenizer compatibility. At start-up, before the student loads, the tokenizers are
+compared again (a server teacher through its ``/tokenize``) and a server teacher's logprob
+position convention is verified.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from trl import DistillationConfig
+
+from dna_factory.config import ResolvedConfig
+from dna_factory.data import looks_local
+from dna_factory.errors import DnaConfigError
+from dna_factory.stages.base import Stage, StageContext
+
+logger = logging.getLogger(__name__)
+
+PROMPT_LEARNING = {"prompttuning": "PromptTuning", "prefixtuning": "PrefixTuning", "ptuning": "P-Tuning"}
+
+
+@dataclass
+class DistillStageArguments:
+    """Keys of the distill stage that TRL's DistillationConfig does not have."""
+
+    distill_mode: Literal["local_teacher", "server_teacher"] = field(
+        default="local_teacher",
+        metadata={
+            "help": "local_teacher: load teacher_model_name_or_path and train TRL's full-vocabulary divergence "
+            "selected by beta. server_teacher: a vLLM server at teacher_server_url scores the student's sampled "
+            "tokens (sampled-token reverse KL, S-OPD-3). See docs/distillation.md."
+        },
+    )
+    teacher_server_url: str | None = field(
+        default=None,
+        metadata={
+            "help": "server_teacher: the teacher's vLLM OpenAI-compatible server, e.g. http://127.0.0.1:8000."
+        },
+    )
+    teacher_max_concurrent_requests: int = field(
+        default=8,
+        metadata={"help": "server_teacher: most scoring requests in flight at once while a batch is scored."},
+    )
+    teacher_sequences_per_request: int = field(
+        default=1, metadata={"help": "server_teacher: student rollouts sent in one scoring request."}
+    )
+    teacher_server_timeout: float = field(
+        default=60.0, metadata={"help": "server_teacher: seconds to wait for the teacher server's /health."}
+    )
+    opd_kl_coef: float = field(
+        default=1.0,
+        metadata={
+            "help": "server_teacher: beta of S-OPD-3, the advantage is A_t = -opd_kl_coef * d_t with d_t = "
+            "log p_student(y_t) - log p_teacher(y_t). Not the divergence selector `beta`."
+        },
+    )
+    peft_type: str = field(
+        default="lora",
+        metadata={
+            "help": "Adapter type used with use_peft: true. Only lora: the loss reads lm_head.weight and calls the "
+            "backbone directly, so prompt-learning methods (prompt_tuning, prefix_tuning, p_tuning) never act."
+        },
+    )
+
+
+# --------------------------------------------------------------------------- validators
+
+
+def validate_mode(cfg: ResolvedConfig) -> None:
+    mode = cfg.get("distill_mode", "local_teacher")
+    teacher = cfg.get("teacher_model_name_or_path")
+    url = cfg.get("teacher_server_url")
+    if mode == "local_teacher":
+        if url:
+            raise DnaConfigError(
+                f"teacher_server_url is set ({url}) but distill_mode is local_teacher, which loads the teacher "
+                "locally. Set distill_mode: server_teacher to use the server, or drop teacher_server_url."
+            )
+        if not teacher:
+            raise DnaConfigError(
+                "distill_mode: local_teacher needs teacher_model_name_or_path (a model directory or hub id). "
+                "Set it, or use distill_mode: server_teacher with teacher_server_url."
+            )
+    else:
+        if not url:
+            raise DnaConfigError(
+                "distill_mode: server_teacher needs teacher_server_url, the teacher's vLLM server "
+                "(e.g. http://127.0.0.1:8000). Start one with python -m vllm.entrypoints.openai.api_server "
+                "--model TEACHER --port 8000, or use distill_mode: local_teacher."
+            )
+        from dna_factory.teacher_server import server_root
+
+        server_root(url)
+        beta = cfg.get("beta", 1.0)
+        if beta != 1.0:
+            raise DnaConfigError(
+                f"beta is {beta} but distill_mode: server_teacher estimates the reverse KL from sampled tokens only "
+                "(beta 1.0): forward KL and JSD need the teacher's full distribution. Use distill_mode: local_teacher "
+                "for beta < 1, or set opd_kl_coef to scale the sampled-token signal."
+            )
+        if cfg.get("opd_kl_coef", 1.0) <= 0:
+            raise DnaConfigError("opd_kl_coef must be > 0 (it is the distillation strength). Use e.g. 1.0.")
+        for key in ("teacher_max_concurrent_requests", "teacher_sequences_per_request"):
+            if cfg.get(key, 1) < 1:
+                raise DnaConfigError(
+                    f"{key} must be at least 1. Use e.g. 8 for concurrency and 1 per request."
+                )
+    if teacher and looks_local(teacher) and not Path(teacher).expanduser().exists():
+        hint = " Build it with python scripts/make_tiny_model.py --size teacher --out " + teacher
+        raise DnaConfigError(
+            f"Teacher path '{teacher}' does not exist.{hint if 'tiny' in teacher else ' Check the path or use a hub id.'}"
+        )
+
+
+def validate_peft(cfg: ResolvedConfig) -> None:
+    """S-OPD-5: LoRA only, and never on ``lm_head`` (the loss reads ``lm_head.weight`` directly)."""
+    peft_type = str(cfg.get("peft_type", "lora"))
+    key = re.sub(r"[^a-z]", "", peft_type.lower())
+    if key in PROMPT_LEARNING:
+        raise DnaConfigError(
+            f"peft_type: {peft_type} ({PROMPT_LEARNING[key]}) is a prompt-learning method, which distillation cannot "
+            "train: the loss calls the backbone directly, bypassing PeftModel.forward, so the virtual tokens are "
+            "never prepended and the loss would be computed on the wrong sequence. Use peft_type: lora "
+            "(use_peft: true, lora_r, lora_target_modules)."
+        )
+    if key != "lora":
+        raise DnaConfigError(
+            f"peft_type: {peft_type} is not supported by distill.py. Use peft_type: lora (the only adapter type "
+            "the distillation loss is verified with)."
+        )
+    if not cfg.get("use_peft"):
+        return
+    # lora_modules_to_save: [lm_head] is fine: PEFT's trainable copy is what lm_head.weight then returns.
+    for key_name in ("lora_target_modules", "lora_target_parameters"):
+        modules = cfg.get(key_name) or []
+        modules = [modules] if isinstance(modules, str) else modules
+        if any("lm_head" in m.split(".") for m in modules):
+            raise DnaConfigError(
+                f"{key_name} contains lm_head. The distillation loss projects hidden states with lm_head.weight "
+                "directly (chunked over the vocabulary), so an adapter on the head would never receive a gradient "
+                "and the run would silently train nothing there. Remove lm_head; adapt the attention projections "
+                "(q_proj, k_proj, v_proj, o_proj) instead."
+            )
+
+
+def _both_tokenizers_local(cfg: ResolvedConfig) -> bool:
+    student, teacher = cfg.get("model_name_or_path"), cfg.get("teacher_model_name_or_path")
+    return bool(student and teacher and Path(student).is_dir() and Path(teacher).is_dir())
+
+
+def validate_tokenizers(cfg: ResolvedConfig) -> None:
+    """S-OPD-4 under --dry_run: compare the tokenizers when both are local directories (hub ids: at start-up)."""
+    if _both_tokenizers_local(cfg):
+        _check_local_tokenizers(cfg.get("model_name_or_path"), cfg.get("teacher_model_name_or_path"), cfg)
+
+
+def _check_local_tokenizers(student: str, teacher: str, cfg: ResolvedConfig, student_tokenizer=None) -> None:
+    from transformers import AutoTokenizer
+
+    from dna_factory.tokenizer_alignment import check_tokenizers, local_teacher_encoder
+
+    trust = bool(cfg.get("trust_remote_code", False))
+    if student_tokenizer is None:
+        student_tokenizer = AutoTokenizer.from_pretrained(
+            student, revision=cfg.get("model_revision"), trust_remote_code=trust
+        )
+    encode = local_teacher_encoder(teacher, cfg.get("teacher_model_revision"), trust)
+    check_tokenizers(student_tokenizer, encode, teacher)
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+def build_trainer(ctx: StageContext):
+    """The trainer of ``distill_mode``; alignment is checked here, before the student model loads."""
+    from dna_factory.distillation import LocalTeacherDistillationTrainer, SampledTokenOPDTrainer
+
+    stage_args = ctx.config.of(DistillStageArguments)
+    args = ctx.training_args
+    common = dict(
+        model=ctx.model_args.model_name_or_path,
+        args=args,
+        train_dataset=ctx.train_dataset,
+        eval_dataset=ctx.eval_dataset,
+        processing_class=ctx.tokenizer,
+        peft_config=ctx.peft_config,
+        quantization_config=ctx.quantization_config,
+        callbacks=ctx.callbacks,
+    )
+    teacher_path = args.teacher_model_name_or_path
+    if stage_args.distill_mode == "local_teacher":
+        if not _both_tokenizers_local(ctx.config):  # otherwise validate_tokenizers has compared them already
+            _check_local_tokenizers(
+                ctx.model_args.model_name_or_path, teacher_path, ctx.config, ctx.tokenizer
+            )
+        if args.teacher_model_init_kwargs is None:
+            # The teacher loads like the student (dtype, attention) unless the recipe says otherwise.
+            args.teacher_model_init_kwargs = {
+                k: v
+                for k, v in (args.model_init_kwargs or {}).items()
+                if k in ("dtype", "attn_implementation")
+            }
+        return LocalTeacherDistillationTrainer(teacher_model=teacher_path, **common)
+
+    from dna_factory.teacher_server import TeacherServer
+
+    teacher = TeacherServer(
+        stage_args.teacher_server_url,
+        max_concurrent_requests=stage_args.teacher_max_concurrent_requests,
+        sequences_per_request=stage_args.teacher_sequences_per_request,
+        timeout_s=stage_args.teacher_server_timeout,
+    )
+    teacher.check_alignment(ctx.tokenizer)  # the served tokenizer (/tokenize) is the one that matters
+    return SampledTokenOPDTrainer(teacher=teacher, kl_coef=stage_args.opd_kl_coef, **common)
+
+
+STAGE = Stage(
+    name="distill",
+    defaults="Distill",
+    config_class=DistillationConfig,
+    data_format="prompt",
+    build_trainer=build_trainer,
+    validators=(validate_mode, validate_peft, validate_tokenizers),
+    extra_dataclasses=(DistillStageArguments,),
+)
