@@ -218,6 +218,9 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
         "last_log": next((h for h in reversed(trainer.state.log_history) if "loss" in h), None),
     }
     if is_main:
+        history = Path(output_dir) / "log_history.json"
+        history.with_suffix(".tmp").write_text(json.dumps(trainer.state.log_history, default=str) + "\n")
+        history.with_suffix(".tmp").replace(history)
         tmp = Path(output_dir) / (RUN_SUMMARY_NAME + ".tmp")
         tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
         tmp.replace(Path(output_dir) / RUN_SUMMARY_NAME)

@@ -1,0 +1,339 @@
+"""Multi-stage pipelines: one recipe chains stages, each in its own process, stage k's model feeding stage k+1.
+
+A pipeline recipe (``configs/recipes/<name>.yaml``)::
+
+    name: tiny-cpu
+    output_dir: outputs/pipeline-tiny-cpu
+    model_name_or_path: artifacts/tiny/student     # the first stage's model
+    stages:
+      - name: sft
+        entry: sft                                  # sft | dpo | grpo | distill
+        config: configs/SFT/tiny-cpu.yaml
+        overrides: {num_train_epochs: 2}            # CLI-level overrides of that recipe
+        merge_adapter: true                         # LoRA stage: hand a merged model to the next stage
+        launcher: [accelerate, launch, --config_file, configs/accelerate/zero3.yaml]   # optional
+        gpus: {train: "0,1,2,3", generation: "4,5,6,7"}                               # optional, GPU roles
+        env: {OMP_NUM_THREADS: "1"}                 # optional
+
+Each stage runs ``python <entry>.py --config <config> --model_name_or_path <previous output>
+--output_dir <output_dir>/<k>-<name> <overrides>`` as a subprocess, so its GPU memory is released
+before the next one starts. A finished stage leaves ``DONE.json`` (its outputs); a rerun skips
+finished stages and the interrupted one resumes from its last checkpoint (the runner's
+auto-resume). ``--dry_run`` validates every stage's config in this process, before any stage runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dna_factory.config import load_yaml, suggest
+from dna_factory.errors import DnaConfigError
+
+logger = logging.getLogger(__name__)
+
+ENTRIES = ("sft", "dpo", "grpo", "distill")
+RECIPE_KEYS = {"name", "description", "output_dir", "model_name_or_path", "stages", "report"}
+STAGE_KEYS = {
+    "name",
+    "entry",
+    "config",
+    "overrides",
+    "merge_adapter",
+    "launcher",
+    "gpus",
+    "env",
+    "description",
+}
+DONE = "DONE.json"
+
+
+@dataclass
+class PipelineStage:
+    index: int
+    name: str
+    entry: str
+    config: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    merge_adapter: bool = True
+    launcher: list[str] = field(default_factory=list)
+    gpus: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    description: str = ""
+
+    def output_dir(self, root: Path) -> Path:
+        return root / f"{self.index}-{self.name}"
+
+
+@dataclass
+class Pipeline:
+    name: str
+    output_dir: Path
+    model_name_or_path: str
+    stages: list[PipelineStage]
+    description: str = ""
+
+
+def _check_keys(mapping: dict, valid: set[str], where: str) -> None:
+    for key in mapping:
+        if key not in valid:
+            raise DnaConfigError(
+                f"Unknown key '{key}' in {where}.{suggest(key, valid)} Valid: {', '.join(sorted(valid))}."
+            )
+
+
+def load_pipeline(path: str | Path) -> Pipeline:
+    """Parse and check a pipeline recipe (not the stages' own configs: see :func:`validate`)."""
+    raw = load_yaml(path, "Pipeline recipe")
+    _check_keys(raw, RECIPE_KEYS, str(path))
+    stages_raw = raw.get("stages")
+    if not isinstance(stages_raw, list) or not stages_raw:
+        raise DnaConfigError(f"{path} needs `stages:`, a list of {{name, entry, config}} mappings.")
+    if not raw.get("model_name_or_path"):
+        raise DnaConfigError(f"{path} needs `model_name_or_path:`, the model the first stage starts from.")
+    stages, names = [], set()
+    for i, entry in enumerate(stages_raw, start=1):
+        where = f"{path} stage {i}"
+        if not isinstance(entry, dict):
+            raise DnaConfigError(f"{where} must be a mapping with name, entry and config.")
+        _check_keys(entry, STAGE_KEYS, where)
+        for required in ("name", "entry", "config"):
+            if not entry.get(required):
+                raise DnaConfigError(f"{where} needs `{required}:`.")
+        if entry["entry"] not in ENTRIES:
+            raise DnaConfigError(
+                f"{where} has entry '{entry['entry']}'.{suggest(entry['entry'], ENTRIES)} Use one of: {', '.join(ENTRIES)}."
+            )
+        if entry["name"] in names:
+            raise DnaConfigError(
+                f"{where}: stage name '{entry['name']}' is used twice. Stage names must be unique."
+            )
+        names.add(entry["name"])
+        if not Path(entry["config"]).is_file():
+            raise DnaConfigError(f"{where}: config '{entry['config']}' does not exist.")
+        launcher = entry.get("launcher") or []
+        stages.append(
+            PipelineStage(
+                index=i,
+                name=str(entry["name"]),
+                entry=entry["entry"],
+                config=str(entry["config"]),
+                overrides=dict(entry.get("overrides") or {}),
+                merge_adapter=bool(entry.get("merge_adapter", True)),
+                launcher=launcher.split() if isinstance(launcher, str) else list(launcher),
+                gpus={k: str(v) for k, v in (entry.get("gpus") or {}).items()},
+                env={k: str(v) for k, v in (entry.get("env") or {}).items()},
+                description=str(entry.get("description", "")),
+            )
+        )
+    return Pipeline(
+        name=str(raw.get("name") or Path(path).stem),
+        output_dir=Path(raw.get("output_dir") or f"outputs/pipeline-{Path(path).stem}"),
+        model_name_or_path=str(raw["model_name_or_path"]),
+        stages=stages,
+        description=str(raw.get("description", "")),
+    )
+
+
+def _flag_values(value: Any) -> list[str]:
+    if isinstance(value, dict | list):
+        return [json.dumps(value)]
+    if isinstance(value, bool):
+        return ["true" if value else "false"]
+    return [str(value)]
+
+
+def stage_argv(stage: PipelineStage, model: str, root: Path) -> list[str]:
+    """The stage's command-line arguments (after ``<entry>.py``)."""
+    argv = [
+        "--config",
+        stage.config,
+        "--model_name_or_path",
+        model,
+        "--output_dir",
+        str(stage.output_dir(root)),
+    ]
+    for key, value in stage.overrides.items():
+        argv += [f"--{key}", *_flag_values(value)]
+    return argv
+
+
+def final_model(stage: PipelineStage, root: Path) -> str:
+    """Where the next stage finds this stage's model (recorded in DONE.json)."""
+    done = stage.output_dir(root) / DONE
+    if done.is_file():
+        return json.loads(done.read_text())["model"]
+    return str(stage.output_dir(root))
+
+
+def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
+    """Dry-run every selected stage's config in this process; raise on the first error, naming the stage."""
+    from dna_factory.runner import prepare
+
+    rows = []
+    model = pipeline.model_name_or_path
+    for stage in selected:
+        # A later stage's model does not exist yet: validate it against the first stage's model.
+        stand_in = pipeline.model_name_or_path if stage.index > 1 else model
+        argv = stage_argv(stage, stand_in, pipeline.output_dir) + ["--dry_run"]
+        env_backup = dict(os.environ)
+        try:
+            os.environ.update(stage.env)
+            if stage.gpus.get("train"):
+                os.environ["CUDA_VISIBLE_DEVICES"] = stage.gpus["train"]
+            _, cfg = prepare(stage.entry, argv)
+        except DnaConfigError as exc:
+            raise DnaConfigError(
+                f"Stage {stage.index} ({stage.name}, {stage.entry}.py {stage.config}): {exc}"
+            ) from None
+        finally:
+            os.environ.clear()
+            os.environ.update(env_backup)
+        rows.append(
+            {
+                "index": stage.index,
+                "name": stage.name,
+                "entry": stage.entry,
+                "config": stage.config,
+                "execution": cfg.get("grpo_execution", "sync") if stage.entry == "grpo" else "-",
+                "gpus": stage.gpus or {"train": os.environ.get("CUDA_VISIBLE_DEVICES", "all visible")},
+                "launcher": " ".join(stage.launcher) or "python",
+            }
+        )
+    return rows
+
+
+def merge_adapter(out: Path) -> Path:
+    """Merge a LoRA adapter saved in ``out`` into its base model (``out/merged``) with peft."""
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoTokenizer
+
+    merged = out / "merged"
+    if (merged / "config.json").is_file():
+        return merged
+    model = AutoPeftModelForCausalLM.from_pretrained(out).merge_and_unload()
+    model.save_pretrained(merged)
+    AutoTokenizer.from_pretrained(out).save_pretrained(merged)
+    return merged
+
+
+def run_stage(stage: PipelineStage, model: str, root: Path) -> dict:
+    out = stage.output_dir(root)
+    command = [*stage.launcher, *([] if stage.launcher else [sys.executable]), f"{stage.entry}.py"]
+    command += stage_argv(stage, model, root)
+    env = dict(os.environ, **stage.env)
+    if stage.gpus.get("train"):
+        env["CUDA_VISIBLE_DEVICES"] = stage.gpus["train"]
+    logger.info("Stage %d (%s): %s", stage.index, stage.name, " ".join(command))
+    started = time.time()
+    proc = subprocess.run(command, env=env)
+    seconds = time.time() - started
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"Stage {stage.index} ({stage.name}) failed with exit status {proc.returncode}. Fix the cause and rerun "
+            "the same command: finished stages are skipped and this one resumes from its last checkpoint."
+        )
+    final = out
+    if (out / "adapter_config.json").is_file() and stage.merge_adapter:
+        final = merge_adapter(out)
+    done = {
+        "stage": stage.name,
+        "entry": stage.entry,
+        "model": str(final),
+        "input_model": model,
+        "seconds": seconds,
+    }
+    tmp = out / (DONE + ".tmp")
+    tmp.write_text(json.dumps(done, indent=2) + "\n")
+    tmp.replace(out / DONE)
+    return done
+
+
+def select(pipeline: Pipeline, from_stage: str | None, only_stage: str | None) -> list[PipelineStage]:
+    names = [s.name for s in pipeline.stages]
+    for wanted in (from_stage, only_stage):
+        if wanted is not None and wanted not in names:
+            raise DnaConfigError(
+                f"No stage named '{wanted}'.{suggest(wanted, names)} Stages: {', '.join(names)}."
+            )
+    if only_stage:
+        return [s for s in pipeline.stages if s.name == only_stage]
+    if from_stage:
+        start = names.index(from_stage)
+        return pipeline.stages[start:]
+    return list(pipeline.stages)
+
+
+def run(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
+    """Run the selected stages in order, skipping finished ones; the report is refreshed after each."""
+    from dna_factory.report import write_report
+
+    root = pipeline.output_dir
+    root.mkdir(parents=True, exist_ok=True)
+    results = []
+    for stage in selected:
+        previous = [s for s in pipeline.stages if s.index == stage.index - 1]
+        model = final_model(previous[0], root) if previous else pipeline.model_name_or_path
+        if previous and not (previous[0].output_dir(root) / DONE).is_file():
+            raise DnaConfigError(
+                f"Stage {stage.index} ({stage.name}) needs stage {previous[0].index} ({previous[0].name}) finished "
+                f"first. Run with --from_stage {previous[0].name}."
+            )
+        done_file = stage.output_dir(root) / DONE
+        if done_file.is_file():
+            logger.info("Stage %d (%s) is done (%s): skipped.", stage.index, stage.name, done_file)
+            results.append(json.loads(done_file.read_text()))
+            continue
+        results.append(run_stage(stage, model, root))
+        write_report(pipeline)
+    write_report(pipeline)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="pipeline.py", description="Run a multi-stage post-training recipe."
+    )
+    parser.add_argument("--recipe", required=True, help="Pipeline recipe, e.g. configs/recipes/tiny-cpu.yaml")
+    parser.add_argument("--from_stage", help="Start at this stage (earlier ones must be done).")
+    parser.add_argument("--only_stage", help="Run only this stage.")
+    parser.add_argument(
+        "--dry_run", action="store_true", help="Validate every stage's config and print the plan."
+    )
+    args = parser.parse_args(argv)
+    from dna_factory.runner import setup_logging
+
+    setup_logging()
+    try:
+        pipeline = load_pipeline(args.recipe)
+        selected = select(pipeline, args.from_stage, args.only_stage)
+        rows = validate(pipeline, selected)
+        print(f"\nPipeline {pipeline.name}: {len(rows)} stage(s), outputs in {pipeline.output_dir}\n")
+        print(f"{'#':<3}{'stage':<22}{'entry':<9}{'mode':<7}{'launcher':<28}GPU roles")
+        for r in rows:
+            roles = ", ".join(f"{k}={v}" for k, v in r["gpus"].items())
+            print(
+                f"{r['index']:<3}{r['name']:<22}{r['entry']:<9}{r['execution']:<7}{r['launcher'][:27]:<28}{roles}"
+            )
+        if args.dry_run:
+            print("\n# dry run: every stage's config is valid.")
+            return 0
+        run(pipeline, selected)
+    except DnaConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    from dna_factory.report import print_table
+
+    print_table(pipeline)
+    return 0

@@ -1,0 +1,122 @@
+"""pipeline.py: chaining, done-markers and resume, --dry_run across stages, the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, cli_env, run_cli
+
+
+def _recipe(tmp_path, stages, name="r.yaml"):
+    path = tmp_path / name
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "t",
+                "output_dir": str(tmp_path / "out"),
+                "model_name_or_path": "artifacts/tiny/student",
+                "stages": stages,
+            }
+        )
+    )
+    return path
+
+
+SMALL = [
+    {
+        "name": "sft",
+        "entry": "sft",
+        "config": "configs/SFT/tiny-cpu.yaml",
+        "overrides": {"max_steps": 4, "save_steps": 2},
+    },
+    {
+        "name": "grpo",
+        "entry": "grpo",
+        "config": "configs/GRPO/tiny-cpu.yaml",
+        "overrides": {"max_steps": 6, "save_steps": 2, "save_total_limit": 5},
+    },
+    {
+        "name": "distill",
+        "entry": "distill",
+        "config": "configs/Distill/tiny-cpu.yaml",
+        "overrides": {"max_steps": 2, "save_steps": 2},
+    },
+]
+
+
+def test_dry_run_reports_an_error_in_stage_five_before_anything_runs(tmp_path, tiny_model):
+    stages = [dict(SMALL[0], name=f"sft{i}") for i in range(4)] + [
+        dict(SMALL[0], name="bad", overrides={"lerning_rate": 1})
+    ]
+    proc = run_cli(
+        "pipeline.py", "--recipe", str(_recipe(tmp_path, stages))
+    )  # not even --dry_run: validation comes first
+    assert proc.returncode == 2
+    assert "Stage 5 (bad" in proc.stderr and "Did you mean 'learning_rate'" in proc.stderr
+    assert not (tmp_path / "out" / "1-sft0").exists(), (
+        "no stage may run when a later stage's config is broken"
+    )
+
+
+def test_recipe_errors_are_named(tmp_path, tiny_model):
+    proc = run_cli(
+        "pipeline.py", "--recipe", str(_recipe(tmp_path, [dict(SMALL[0], entry="stf")])), "--dry_run"
+    )
+    assert proc.returncode == 2 and "Did you mean 'sft'" in proc.stderr
+    proc = run_cli(
+        "pipeline.py", "--recipe", str(_recipe(tmp_path, SMALL)), "--only_stage", "grpoo", "--dry_run"
+    )
+    assert proc.returncode == 2 and "No stage named 'grpoo'. Did you mean 'grpo'?" in proc.stderr
+
+
+def test_shipped_recipes_pass_dry_run(tiny_model):
+    proc = run_cli("pipeline.py", "--recipe", "configs/recipes/tiny-cpu.yaml", "--dry_run")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "3 stage(s)" in proc.stdout
+
+
+@pytest.mark.slow
+def test_chain_kill_resume_and_report(tmp_path, tiny_model, tiny_teacher):
+    recipe = _recipe(tmp_path, SMALL)
+    out = tmp_path / "out"
+    child = subprocess.Popen([sys.executable, "pipeline.py", "--recipe", str(recipe)], cwd=REPO, env=cli_env(),
+                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.time() + 400
+    while not (out / "2-grpo" / "checkpoint-2" / "trainer_state.json").is_file():
+        assert child.poll() is None and time.time() < deadline, (
+            "pipeline ended before stage 2 wrote checkpoint-2"
+        )
+        time.sleep(0.1)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    # However far it got, leave stage 2 interrupted right after its checkpoint-2.
+    for later in ["DONE.json", "model.safetensors", "run_summary.json", "checkpoint-4", "checkpoint-6"]:
+        target = out / "2-grpo" / later
+        shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+    shutil.rmtree(out / "3-distill", ignore_errors=True)
+
+    proc = run_cli("pipeline.py", "--recipe", str(recipe), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Stage 1 (sft) is done" in proc.stderr
+    assert "checkpoint-2: resuming from it" in proc.stderr
+    done = [json.loads((out / d / "DONE.json").read_text()) for d in ("1-sft", "2-grpo", "3-distill")]
+    assert done[0]["input_model"] == "artifacts/tiny/student"
+    assert done[1]["input_model"] == done[0]["model"] == str(out / "1-sft")
+    assert done[2]["input_model"] == done[1]["model"] == str(out / "2-grpo")
+    assert json.loads((out / "2-grpo" / "run_summary.json").read_text())["global_step"] == 6
+    report = json.loads((out / "pipeline_report.json").read_text())
+    assert [s["status"] for s in report["stages"]] == ["done", "done", "done"]
+    assert (out / "pipeline_report.md").is_file() and (out / "pipeline_report.png").stat().st_size > 0
+    assert "| 2 | grpo | grpo | done | 6 |" in proc.stdout
+
+    again = run_cli("pipeline.py", "--recipe", str(recipe))
+    assert again.returncode == 0 and again.stderr.count("is done") == 3
