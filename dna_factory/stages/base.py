@@ -24,6 +24,21 @@ class StageContext:
     quantization_config: Any = None
     callbacks: list = field(default_factory=list)
 
+    def trainer_kwargs(self, quantization: bool = True) -> dict[str, Any]:
+        """The keyword arguments every TRL trainer takes, from this context (the model is loaded by TRL)."""
+        kwargs = dict(
+            model=self.model_args.model_name_or_path,
+            args=self.training_args,
+            train_dataset=self.train_dataset,
+            eval_dataset=self.eval_dataset,
+            processing_class=self.tokenizer,
+            peft_config=self.peft_config,
+            callbacks=self.callbacks,
+        )
+        if quantization:
+            kwargs["quantization_config"] = self.quantization_config
+        return kwargs
+
 
 @dataclass(frozen=True)
 class Stage:

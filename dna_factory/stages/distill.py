@@ -195,16 +195,7 @@ def build_trainer(ctx: StageContext):
 
     stage_args = ctx.config.of(DistillStageArguments)
     args = ctx.training_args
-    common = dict(
-        model=ctx.model_args.model_name_or_path,
-        args=args,
-        train_dataset=ctx.train_dataset,
-        eval_dataset=ctx.eval_dataset,
-        processing_class=ctx.tokenizer,
-        peft_config=ctx.peft_config,
-        quantization_config=ctx.quantization_config,
-        callbacks=ctx.callbacks,
-    )
+    common = ctx.trainer_kwargs()
     teacher_path = args.teacher_model_name_or_path
     if stage_args.distill_mode == "local_teacher":
         if not _both_tokenizers_local(ctx.config):  # otherwise validate_tokenizers has compared them already

@@ -12,16 +12,7 @@ from dna_factory.stages.base import Stage, StageContext
 
 
 def build_trainer(ctx: StageContext) -> DPOTrainer:
-    return DPOTrainer(
-        model=ctx.model_args.model_name_or_path,
-        args=ctx.training_args,
-        train_dataset=ctx.train_dataset,
-        eval_dataset=ctx.eval_dataset,
-        processing_class=ctx.tokenizer,
-        peft_config=ctx.peft_config,
-        quantization_config=ctx.quantization_config,
-        callbacks=ctx.callbacks,
-    )
+    return DPOTrainer(**ctx.trainer_kwargs())
 
 
 STAGE = Stage(
