@@ -31,8 +31,9 @@ $(TINY)/teacher/config.json: $(STAMP) scripts/make_tiny_model.py
 
 tiny-models: $(TINY)/student/config.json $(TINY)/teacher/config.json
 
+# The main job: the tiny multi-stage pipeline (SFT -> GRPO -> distillation) on CPU; rerun to skip finished stages.
 demo: $(STAMP) tiny-models
-	$(PY) sft.py --config configs/SFT/tiny-cpu.yaml --output_dir outputs/demo-sft
+	$(PY) pipeline.py --recipe configs/recipes/tiny-cpu.yaml
 
 test: $(STAMP) tiny-models
 	$(PY) -m pytest -q
