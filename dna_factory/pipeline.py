@@ -9,7 +9,8 @@ A pipeline recipe (``configs/recipes/<name>.yaml``)::
       - name: sft
         entry: sft                                  # sft | dpo | grpo | distill
         config: configs/SFT/tiny-cpu.yaml
-        overrides: {num_train_epochs: 2}            # CLI-level overrides of that recipe
+        overrides: {num_train_epochs: 2}            # CLI-level overrides; "${teacher}" = stage teacher's model
+        model: artifacts/tiny/teacher               # optional: start here instead of the previous stage's model
         merge_adapter: true                         # LoRA stage: hand a merged model to the next stage
         launcher: [accelerate, launch, --config_file, configs/accelerate/zero3.yaml]   # optional
         gpus: {train: "0,1,2,3", generation: "4,5,6,7"}                               # optional, GPU roles
@@ -28,6 +29,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -52,7 +54,9 @@ STAGE_KEYS = {
     "gpus",
     "env",
     "description",
+    "model",
 }
+REFERENCE = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")  # "${stage}" in overrides: that stage's final model
 DONE = "DONE.json"
 
 
@@ -68,6 +72,7 @@ class PipelineStage:
     gpus: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     description: str = ""
+    model: str | None = None
 
     def output_dir(self, root: Path) -> Path:
         return root / f"{self.index}-{self.name}"
@@ -132,8 +137,18 @@ def load_pipeline(path: str | Path) -> Pipeline:
                 gpus={k: str(v) for k, v in (entry.get("gpus") or {}).items()},
                 env={k: str(v) for k, v in (entry.get("env") or {}).items()},
                 description=str(entry.get("description", "")),
+                model=str(entry["model"]) if entry.get("model") else None,
             )
         )
+    for stage in stages:
+        for value in stage.overrides.values():
+            for ref in REFERENCE.findall(str(value)):
+                earlier = [s.name for s in stages if s.index < stage.index]
+                if ref not in earlier:
+                    raise DnaConfigError(
+                        f"{path} stage {stage.index} ({stage.name}) refers to ${{{ref}}}, which is not an earlier "
+                        f"stage.{suggest(ref, earlier)} Earlier stages: {', '.join(earlier) or '(none)'}."
+                    )
     return Pipeline(
         name=str(raw.get("name") or Path(path).stem),
         output_dir=Path(raw.get("output_dir") or f"outputs/pipeline-{Path(path).stem}"),
@@ -151,8 +166,10 @@ def _flag_values(value: Any) -> list[str]:
     return [str(value)]
 
 
-def stage_argv(stage: PipelineStage, model: str, root: Path) -> list[str]:
-    """The stage's command-line arguments (after ``<entry>.py``)."""
+def stage_argv(
+    stage: PipelineStage, model: str, root: Path, models: dict[str, str] | None = None
+) -> list[str]:
+    """The stage's command-line arguments (after ``<entry>.py``); ``${name}`` becomes that stage's model."""
     argv = [
         "--config",
         stage.config,
@@ -162,8 +179,18 @@ def stage_argv(stage: PipelineStage, model: str, root: Path) -> list[str]:
         str(stage.output_dir(root)),
     ]
     for key, value in stage.overrides.items():
+        if isinstance(value, str) and models:
+            value = REFERENCE.sub(lambda m: models[m.group(1)], value)
         argv += [f"--{key}", *_flag_values(value)]
     return argv
+
+
+def input_model(pipeline: Pipeline, stage: PipelineStage) -> str:
+    """The model a stage starts from: its own ``model:``, else the previous stage's final model."""
+    if stage.model:
+        return stage.model
+    previous = [s for s in pipeline.stages if s.index == stage.index - 1]
+    return final_model(previous[0], pipeline.output_dir) if previous else pipeline.model_name_or_path
 
 
 def final_model(stage: PipelineStage, root: Path) -> str:
@@ -179,11 +206,15 @@ def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
     from dna_factory.runner import prepare
 
     rows = []
-    model = pipeline.model_name_or_path
+    # Later stages' models do not exist yet: each stage is validated against the model its chain starts from.
+    starts: dict[str, str] = {}
+    for stage in pipeline.stages:
+        chained = (
+            starts[pipeline.stages[stage.index - 2].name] if stage.index > 1 else pipeline.model_name_or_path
+        )
+        starts[stage.name] = stage.model or chained
     for stage in selected:
-        # A later stage's model does not exist yet: validate it against the first stage's model.
-        stand_in = pipeline.model_name_or_path if stage.index > 1 else model
-        argv = stage_argv(stage, stand_in, pipeline.output_dir) + ["--dry_run"]
+        argv = stage_argv(stage, starts[stage.name], pipeline.output_dir, starts) + ["--dry_run"]
         env_backup = dict(os.environ)
         try:
             os.environ.update(stage.env)
@@ -225,10 +256,10 @@ def merge_adapter(out: Path) -> Path:
     return merged
 
 
-def run_stage(stage: PipelineStage, model: str, root: Path) -> dict:
+def run_stage(stage: PipelineStage, model: str, root: Path, models: dict[str, str]) -> dict:
     out = stage.output_dir(root)
     command = [*stage.launcher, *([] if stage.launcher else [sys.executable]), f"{stage.entry}.py"]
-    command += stage_argv(stage, model, root)
+    command += stage_argv(stage, model, root, models)
     env = dict(os.environ, **stage.env)
     if stage.gpus.get("train"):
         env["CUDA_VISIBLE_DEVICES"] = stage.gpus["train"]
@@ -280,19 +311,23 @@ def run(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
     root.mkdir(parents=True, exist_ok=True)
     results = []
     for stage in selected:
-        previous = [s for s in pipeline.stages if s.index == stage.index - 1]
-        model = final_model(previous[0], root) if previous else pipeline.model_name_or_path
-        if previous and not (previous[0].output_dir(root) / DONE).is_file():
-            raise DnaConfigError(
-                f"Stage {stage.index} ({stage.name}) needs stage {previous[0].index} ({previous[0].name}) finished "
-                f"first. Run with --from_stage {previous[0].name}."
-            )
+        earlier = [s for s in pipeline.stages if s.index < stage.index]
+        referenced = [s for s in earlier if f"${{{s.name}}}" in json.dumps(stage.overrides)]
+        needed = referenced + ([] if stage.model or not earlier else [earlier[-1]])
+        for dependency in needed:
+            if not (dependency.output_dir(root) / DONE).is_file():
+                raise DnaConfigError(
+                    f"Stage {stage.index} ({stage.name}) needs stage {dependency.index} ({dependency.name}) finished "
+                    f"first. Run with --from_stage {dependency.name}."
+                )
+        model = input_model(pipeline, stage)
+        models = {s.name: final_model(s, root) for s in earlier}
         done_file = stage.output_dir(root) / DONE
         if done_file.is_file():
             logger.info("Stage %d (%s) is done (%s): skipped.", stage.index, stage.name, done_file)
             results.append(json.loads(done_file.read_text()))
             continue
-        results.append(run_stage(stage, model, root))
+        results.append(run_stage(stage, model, root, models))
         write_report(pipeline)
     write_report(pipeline)
     return results

@@ -19,6 +19,7 @@ import time
 import warnings
 from pathlib import Path
 
+from dna_factory.checkpoint_eval import CheckpointEvalArguments, checkpoint_eval_callbacks
 from dna_factory.config import ResolvedConfig, RunArguments, resolve
 from dna_factory.errors import DnaConfigError
 from dna_factory.stages import Stage, StageContext, get_stage
@@ -45,7 +46,7 @@ def setup_logging(level: str = "info") -> None:
 def dataclass_types(stage: Stage) -> list[type]:
     from trl import ModelConfig
 
-    return [stage.config_class, ModelConfig, RunArguments, *stage.extra_dataclasses]
+    return [stage.config_class, ModelConfig, RunArguments, CheckpointEvalArguments, *stage.extra_dataclasses]
 
 
 def auto_output_dir(cfg: ResolvedConfig) -> str:
@@ -185,6 +186,7 @@ def load_context(stage: Stage, cfg: ResolvedConfig) -> StageContext:
         eval_dataset=eval_dataset,
         peft_config=get_peft_config(model_args),
         quantization_config=get_quantization_config(model_args),
+        callbacks=checkpoint_eval_callbacks(cfg, training_args, model_args),
     )
 
 

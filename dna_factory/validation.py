@@ -10,6 +10,7 @@ import logging
 import os
 from pathlib import Path
 
+from dna_factory.checkpoint_eval import validate_checkpoint_eval
 from dna_factory.config import ResolvedConfig
 from dna_factory.data import check_format_columns, looks_local, parse_specs, peek_columns
 from dna_factory.errors import DnaConfigError
@@ -97,7 +98,13 @@ def validate_distributed_env(cfg: ResolvedConfig) -> None:
             )
 
 
-COMMON_VALIDATORS = (validate_model, validate_resume, validate_report_to, validate_distributed_env)
+COMMON_VALIDATORS = (
+    validate_model,
+    validate_resume,
+    validate_report_to,
+    validate_distributed_env,
+    validate_checkpoint_eval,
+)
 
 
 def run_validators(cfg: ResolvedConfig, stage) -> None:

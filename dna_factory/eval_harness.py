@@ -1,0 +1,289 @@
+"""Inspect AI, driven against a running OpenAI-compatible server (the checkpoint-eval harness).
+
+One checkpoint eval runs one harness process::
+
+    python -m dna_factory.eval_harness --model run-checkpoint-20 --base-url http://127.0.0.1:PORT/v1 \
+        --log-root outputs/run/eval_logs/step-20 --task arith=dna_factory/eval_tasks.py@arith ...
+
+It calls ``inspect_ai.eval`` once per task, with that task's logs in ``<log-root>/<task>/``,
+and writes every task's headline score to ``<log-root>/harness_results.json``. The harness
+runs in a process of its own, not in the trainer, because Inspect configures the root
+logger and its own event loop, and a crash or hang in it must not touch training. The
+process exits by itself when its parent (the trainer) is gone, so even a SIGKILLed trainer
+leaves no harness behind.
+
+Task names (``eval_tasks``) resolve as follows:
+
+* a name in :data:`LOCAL_TASKS` is a task defined in ``dna_factory/eval_tasks.py``;
+* a name with ``/``, ``@`` or ``.py`` is passed to Inspect verbatim (``inspect_evals/ifeval``,
+  ``my_tasks.py@qa``);
+* any other name is a task of the ``inspect_evals`` registry (``mmlu_pro`` is
+  ``inspect_evals/mmlu_pro``).
+
+The metric is ``eval/<name>``, with ``<name>`` the part after the last ``/`` or ``@``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dna_factory.errors import DnaConfigError
+
+logger = logging.getLogger(__name__)
+
+LOCAL_TASKS = ("arith", "kmmlu_pro")
+"""The ``@task`` functions of ``dna_factory/eval_tasks.py`` (a test keeps the two in sync)."""
+TASKS_FILE = Path(__file__).with_name("eval_tasks.py")
+SERVICE = "dna"
+"""Inspect's ``openai-api/<service>/<model>`` provider; the key is read from ``DNA_API_KEY``."""
+RESULTS_NAME = "harness_results.json"
+MAX_RETRIES = 3
+"""Retries of one request: a local server either answers or is gone."""
+PARENT_POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """A task to evaluate: ``name`` is the metric suffix (``eval/<name>``), ``ref`` what Inspect loads."""
+
+    name: str
+    ref: str
+
+    @property
+    def from_registry(self) -> bool:
+        return self.ref.startswith("inspect_evals/")
+
+
+def resolve_task(spec: str) -> EvalTask:
+    """The task behind one ``eval_tasks`` entry (see the module docstring)."""
+    spec = str(spec).strip()
+    if not spec:
+        raise DnaConfigError(
+            "eval_tasks has an empty entry. Remove it or name a task (e.g. arith, mmlu_pro)."
+        )
+    if spec in LOCAL_TASKS:
+        return EvalTask(spec, f"{TASKS_FILE}@{spec}")
+    if "/" in spec or "@" in spec or spec.endswith(".py"):
+        name = spec.rsplit("@", 1)[-1] if "@" in spec else Path(spec.rstrip("/")).stem
+        return EvalTask(name, spec)
+    return EvalTask(spec, f"inspect_evals/{spec}")
+
+
+def resolve_tasks(specs: Sequence[str] | None) -> list[EvalTask]:
+    """Resolve every entry; an empty list or two tasks with one metric name is a DnaConfigError."""
+    tasks = [resolve_task(s) for s in specs or []]
+    if not tasks:
+        raise DnaConfigError(
+            "eval_on_checkpoint is true but eval_tasks is empty. List tasks (e.g. eval_tasks: [arith]) "
+            "or set eval_on_checkpoint: false."
+        )
+    names = [t.name for t in tasks]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate is not None:
+        raise DnaConfigError(
+            f"eval_tasks has two tasks that would both log eval/{duplicate}. Keep one of them."
+        )
+    return tasks
+
+
+@dataclass(frozen=True)
+class HarnessSettings:
+    """Generation settings of the harness: ``max_tokens`` per answer, ``max_connections`` in flight."""
+
+    max_tokens: int
+    max_connections: int
+    limit: int | None = None
+
+
+def harness_command(
+    tasks: Sequence[EvalTask], *, model: str, base_url: str, log_root: Path, settings: HarnessSettings
+) -> list[str]:
+    """The command line of one harness process (the owner's interpreter, this module)."""
+    command = [
+        sys.executable, "-m", "dna_factory.eval_harness",
+        "--model", model,
+        "--base-url", base_url,
+        "--log-root", str(log_root),
+        "--max-tokens", str(settings.max_tokens),
+        "--max-connections", str(settings.max_connections),
+        "--parent-pid", str(os.getpid()),
+    ]  # fmt: skip
+    if settings.limit is not None:
+        command += ["--limit", str(settings.limit)]
+    for task in tasks:
+        command += ["--task", f"{task.name}={task.ref}"]
+    return command
+
+
+class HarnessError(RuntimeError):
+    """The harness process failed (the message carries the tail of its log)."""
+
+
+class HarnessRun:
+    """One harness process in its own session: :meth:`run` blocks, :meth:`stop` ends it from any thread."""
+
+    def __init__(self, command: list[str], log_path: Path) -> None:
+        self.command = command
+        self.log_path = log_path
+        self._proc: subprocess.Popen | None = None
+        self._stopped = False
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        """The harness pid, also its process group id; None before start."""
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> HarnessRun:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            if self._stopped:
+                raise HarnessError("The harness was stopped before it started.")
+            with open(self.log_path, "ab") as log:
+                log.write(f"$ {' '.join(self.command)}\n".encode())
+                log.flush()
+                self._proc = subprocess.Popen(
+                    self.command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                    start_new_session=True,
+                )
+        return self
+
+    def wait(self) -> list[dict]:
+        """Wait for the process; return its per-task results (see :func:`main`)."""
+        assert self._proc is not None, "start() first"
+        code = self._proc.wait()
+        results_path = self.log_path.parent / RESULTS_NAME
+        if code != 0 or not results_path.is_file():
+            raise HarnessError(
+                f"The eval harness exited with status {code}. See {self.log_path}, last lines:\n{self.log_tail()}"
+            )
+        return json.loads(results_path.read_text())["tasks"]
+
+    def run(self) -> list[dict]:
+        return self.start().wait()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the harness's process group, SIGKILL after ``grace_s``. Idempotent."""
+        with self._lock:
+            self._stopped = True
+            proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=wait_s)
+                return
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.log_path.is_file():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+# ---------------------------------------------------------------------- inside the harness process
+
+
+def headline(log) -> tuple[str | None, float | None]:
+    """The metric that stands for a task: ``accuracy`` of its first scorer, else that scorer's first metric."""
+    scores = log.results.scores if log.results is not None else []
+    if not scores:
+        return None, None
+    metrics = scores[0].metrics
+    name = "accuracy" if "accuracy" in metrics else next(iter(metrics), None)
+    return name, (float(metrics[name].value) if name is not None else None)
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Leave as soon as the trainer is gone (reparenting changes our ppid), whatever killed it."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        print(f"eval harness: parent {parent_pid} is gone; exiting.", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def run_task(task: EvalTask, args: argparse.Namespace) -> dict:
+    """Evaluate one task with ``inspect_ai.eval``; a failure becomes a result with ``error``."""
+    from inspect_ai import eval as inspect_eval
+
+    started = time.monotonic()
+    result: dict = {"task": task.name, "ref": task.ref}
+    try:
+        [log] = inspect_eval(
+            task.ref,
+            model=f"openai-api/{SERVICE}/{args.model}",
+            model_base_url=args.base_url,
+            log_dir=str(Path(args.log_root) / task.name),
+            limit=args.limit,
+            max_tokens=args.max_tokens,
+            max_connections=args.max_connections,
+            max_retries=MAX_RETRIES,
+            display="none",
+        )
+    except Exception as exc:  # noqa: BLE001 - reported as this task's result, the other tasks still run
+        result.update(status="error", error=f"{type(exc).__name__}: {exc}")
+    else:
+        metric, value = headline(log)
+        result.update(
+            status=log.status,
+            metric=metric,
+            value=value,
+            samples=log.results.completed_samples if log.results is not None else 0,
+            log=log.location,
+        )
+        if log.error is not None:
+            result["error"] = log.error.message
+    result["seconds"] = round(time.monotonic() - started, 2)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run Inspect AI tasks against an OpenAI-compatible server.")
+    parser.add_argument("--model", required=True, help="the served model name")
+    parser.add_argument("--base-url", required=True, help="http://HOST:PORT/v1")
+    parser.add_argument("--log-root", required=True, help="logs go to <log-root>/<task>/")
+    parser.add_argument("--task", action="append", required=True, help="NAME=REF, repeated")
+    parser.add_argument("--max-tokens", type=int, required=True)
+    parser.add_argument("--max-connections", type=int, required=True)
+    parser.add_argument("--limit", type=int, default=None, help="samples per task")
+    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    args = parser.parse_args(argv)
+    if args.parent_pid is not None:
+        _exit_with_parent(args.parent_pid)
+    os.environ.setdefault(f"{SERVICE.upper()}_API_KEY", "local")  # vLLM without --api-key accepts any key
+    Path(args.log_root).mkdir(parents=True, exist_ok=True)
+    tasks = [EvalTask(*spec.split("=", 1)) for spec in args.task]
+    results = []
+    for task in tasks:
+        results.append(run_task(task, args))
+        print(json.dumps(results[-1]), flush=True)
+    target = Path(args.log_root) / RESULTS_NAME
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"model": args.model, "tasks": results}, indent=2) + "\n")
+    tmp.replace(target)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

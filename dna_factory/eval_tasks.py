@@ -1,0 +1,73 @@
+"""Eval tasks defined in this repository, as Inspect AI tasks (see docs/checkpoint-eval.md).
+
+The checkpoint-eval harness (:mod:`dna_factory.eval_harness`) loads this file by path
+(``dna_factory/eval_tasks.py@arith``), so a task here is addressed by its bare name in
+``eval_tasks``. Registry tasks (``mmlu_pro``, ``gpqa_diamond``, ...) come from the
+``inspect_evals`` package instead.
+
+Every ``@task`` here must be listed in ``dna_factory.eval_harness.LOCAL_TASKS`` (a test
+checks it), so that task names resolve without importing Inspect in the trainer.
+
+* ``arith``: the held-out tiny arithmetic questions (``data/tiny/arith_eval.jsonl``, never
+  trained on), fully offline; the tests and the CPU demo use it.
+* ``kmmlu_pro``: KMMLU-Pro (Korean professional licensure exams, ``LGAI-EXAONE/KMMLU-Pro``
+  on the Hugging Face Hub, gated), which ``inspect_evals`` does not ship; for GPU machines
+  with Hub access.
+
+Each task reports ``accuracy`` (fraction of samples scored correct, in [0, 1]), which
+becomes ``eval/<task>``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from inspect_ai import Task, task
+from inspect_ai.dataset import MemoryDataset, Sample, hf_dataset
+from inspect_ai.scorer import choice, match
+from inspect_ai.solver import generate, multiple_choice
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ARITH_PATH = REPO_ROOT / "data" / "tiny" / "arith_eval.jsonl"
+KMMLU_PRO_DATASET = "LGAI-EXAONE/KMMLU-Pro"
+
+
+def arith_sample(record: dict[str, Any], index: int) -> Sample:
+    """One ``{"prompt": [{"role": "user", ...}], "solution": "17"}`` row as an Inspect sample."""
+    question = next(m["content"] for m in record["prompt"] if m["role"] == "user")
+    return Sample(id=index, input=question, target=str(record["solution"]))
+
+
+@task
+def arith(path: str = str(ARITH_PATH)) -> Task:
+    """Two-operand addition; correct when the last number of the answer equals the sum.
+
+    Args:
+        path: A JSONL file of ``prompt`` (chat messages) + ``solution`` rows.
+    """
+    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    dataset = MemoryDataset([arith_sample(row, i) for i, row in enumerate(rows)], name="arith")
+    return Task(dataset=dataset, solver=generate(), scorer=match(location="end", numeric=True))
+
+
+def kmmlu_pro_sample(record: dict[str, Any]) -> Sample:
+    """A KMMLU-Pro row (``question``, ``options``, 1-based ``solution``) as a multiple-choice sample."""
+    options = list(record["options"])
+    answer = int(record["solution"]) - 1
+    if not 0 <= answer < len(options):
+        raise ValueError(f"KMMLU-Pro row has solution {record['solution']!r} for {len(options)} options.")
+    return Sample(
+        input=record["question"],
+        choices=options,
+        target=chr(ord("A") + answer),
+        metadata={k: record.get(k) for k in ("license_name", "subject", "year")},
+    )
+
+
+@task
+def kmmlu_pro() -> Task:
+    """KMMLU-Pro, zero-shot multiple choice (accuracy over its ``test`` split)."""
+    dataset = hf_dataset(KMMLU_PRO_DATASET, split="test", sample_fields=kmmlu_pro_sample)
+    return Task(dataset=dataset, solver=multiple_choice(), scorer=choice())
