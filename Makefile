@@ -36,7 +36,7 @@ demo: $(STAMP) tiny-models
 	$(PY) pipeline.py --recipe configs/recipes/tiny-cpu.yaml
 
 test: $(STAMP) tiny-models
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
