@@ -77,7 +77,9 @@ def tree_attention_sdpa(
 ):
     """Same contract as ``trl.experimental.async_grpo.packing.tree_attention``: (1, H, N, D) in, (1, N, H, D) out."""
     if softcap:
-        raise ValueError("tree_attention: sdpa does not implement attention logit soft-capping; use tree_attention: fa3.")
+        raise ValueError(
+            "tree_attention: sdpa does not implement attention logit soft-capping; use tree_attention: fa3."
+        )
     n = query.shape[2]
     mask = _cached_mask(tree_kv_index, tree_cu_seqlens_q, tree_cu_seqlens_k, n, sliding_window)
     out = F.scaled_dot_product_attention(

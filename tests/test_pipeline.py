@@ -78,10 +78,24 @@ def test_recipe_errors_are_named(tmp_path, tiny_model):
     assert proc.returncode == 2 and "No stage named 'grpoo'. Did you mean 'grpo'?" in proc.stderr
 
 
-def test_shipped_recipes_pass_dry_run(tiny_model):
-    proc = run_cli("pipeline.py", "--recipe", "configs/recipes/tiny-cpu.yaml", "--dry_run")
+@pytest.mark.parametrize(("recipe", "stages"), [("tiny-cpu", 4), ("rufus-air", 8)])
+def test_shipped_recipes_pass_dry_run(recipe, stages, tiny_model):
+    proc = run_cli("pipeline.py", "--recipe", f"configs/recipes/{recipe}.yaml", "--dry_run")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "3 stage(s)" in proc.stdout
+    assert f"{stages} stage(s)" in proc.stdout
+    if recipe == "rufus-air":
+        for name in (
+            "sft",
+            "reasoning-rl",
+            "coding-rl",
+            "if-rl",
+            "general-agent",
+            "coding-agent",
+            "search-agent",
+            "rlhf",
+        ):
+            assert name in proc.stdout
+        assert "generation=vLLM TP 8 x DP 4" in proc.stdout
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 Rows are normalised per S-DATA-3 (``messages`` -> ``prompt`` + ``expected_output``; other
 columns such as ``solution`` stay and reach the rewards as keyword arguments; ``label`` is
 added). Rewards are resolved from ``reward_funcs`` entries, their weights become TRL's
-``reward_weights``.
+``reward_weights``. An ``environment`` (``dna_factory.agents``) adds tool-calling rollouts.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Literal
 
 from trl import GRPOConfig, GRPOTrainer
 
+from dna_factory.agents.config import AgentArguments, agent_trainer_kwargs, validate_agent
 from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
 from dna_factory.stages.base import Stage, StageContext
@@ -129,7 +130,7 @@ def build_trainer(ctx: StageContext) -> GRPOTrainer:
         from dna_factory.dynamic_sampling import DynamicSamplingGRPOTrainer
 
         trainer_cls = DynamicSamplingGRPOTrainer
-    kwargs = {}
+    kwargs = agent_trainer_kwargs(ctx)  # {"tools": [...]} for an agent recipe; updates ctx's datasets
     if trainer_cls is not GRPOTrainer:
         kwargs.update(
             dynamic_sampling=stage_args.dynamic_sampling, max_rounds=stage_args.dynamic_sampling_max_rounds
@@ -153,8 +154,8 @@ STAGE = Stage(
     config_class=GRPOConfig,
     data_format="grpo",
     build_trainer=build_trainer,
-    validators=(validate_rewards, validate_dynamic_sampling),
-    extra_dataclasses=(GRPOStageArguments,),
+    validators=(validate_rewards, validate_dynamic_sampling, validate_agent),
+    extra_dataclasses=(GRPOStageArguments, AgentArguments),
     variant=select_variant,
     foreign_keys=async_only_keys,
 )

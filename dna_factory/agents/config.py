@@ -1,0 +1,143 @@
+"""The agent keys of the GRPO stage: what they are, how ``--dry_run`` checks them, what TRL receives.
+
+A GRPO recipe becomes an agent recipe with an ``environment`` and a bound on tool-calling turns::
+
+    environment: search                       # general | coding | search | package.module:Class
+    environment_options: {corpus: data/agents/search_corpus.jsonl, top_k: 3}
+    tools: [search]                           # optional subset of the environment's tools
+    agent_system_prompt: "Use the search tool ... final answer in \\boxed{}."
+    max_tool_calling_iterations: 4            # TRL's GRPOConfig key: tool rounds per completion
+
+:func:`validate_agent` runs with the other validators, before anything loads.
+:func:`agent_trainer_kwargs` is called by the stage's trainer factory once the tokenizer and
+datasets are loaded: it readies the tokenizer (``tool_calls.prepare_tokenizer``), turns
+string prompts into conversations (tools are rendered only into chat prompts) with the
+optional system prompt, builds the environment and returns ``{"tools": [...]}`` for
+``GRPOTrainer``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from dna_factory.config import ResolvedConfig
+from dna_factory.errors import DnaConfigError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentArguments:
+    """Keys of agentic GRPO (tool-calling rollouts); see docs/agents.md."""
+
+    environment: str | None = field(
+        default=None,
+        metadata={
+            "help": "Tools the model may call during rollouts: general (calculator, convert_units, lookup_fact), "
+            "coding (run_python in the sandbox), search (BM25 search), or a package.module:Class Environment. "
+            "Needs max_tool_calling_iterations. See docs/agents.md."
+        },
+    )
+    environment_options: dict | None = field(
+        default=None,
+        metadata={
+            "help": "Keyword arguments of the environment, e.g. {corpus: data/agents/search_corpus.jsonl, top_k: 3}."
+        },
+    )
+    tools: list[str] | None = field(
+        default=None,
+        metadata={"help": "Expose only these tools of the environment (default: all of them)."},
+    )
+    agent_system_prompt: str | None = field(
+        default=None,
+        metadata={
+            "help": "System message put before every prompt that has none (e.g. how to give the final answer)."
+        },
+    )
+
+
+def validate_agent(cfg: ResolvedConfig) -> None:
+    """The agent keys make sense together; the environment, its options and tools exist.
+
+    Raises:
+        DnaConfigError: "what is wrong. what to do."
+    """
+    from dna_factory.agents.environment import check_environment
+
+    agent = cfg.of(AgentArguments)
+    if agent.environment is None:
+        for key in ("environment_options", "tools", "agent_system_prompt"):
+            if getattr(agent, key) is not None:
+                raise DnaConfigError(
+                    f"{key} is set but no environment is. Add `environment:` (general, coding, search) or remove {key}."
+                )
+        return
+    check_environment(agent.environment, agent.environment_options, agent.tools)
+    iterations = cfg.get("max_tool_calling_iterations")
+    if iterations is None:
+        raise DnaConfigError(
+            f"environment: {agent.environment} runs tools in a loop, but max_tool_calling_iterations is not set, "
+            "so a model that keeps calling tools is stopped only by max_completion_length. "
+            "Set max_tool_calling_iterations (e.g. 4)."
+        )
+    if iterations < 1:
+        raise DnaConfigError(
+            f"max_tool_calling_iterations is {iterations}, so no tool would ever run. Set it to 1 or more."
+        )
+
+
+def as_conversation(row: dict[str, Any], system_prompt: str | None) -> dict[str, Any]:
+    """A row whose prompt is a chat, with ``system_prompt`` first unless the chat has a system turn.
+
+    Example:
+        >>> as_conversation({"prompt": "2+2?"}, "Be brief.")["prompt"]
+        [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': '2+2?'}]
+    """
+    prompt = row["prompt"]
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if system_prompt and not (messages and messages[0].get("role") == "system"):
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    return {"prompt": messages}
+
+
+def _conversational(dataset: Any, system_prompt: str | None) -> Any:
+    if dataset is None:
+        return None
+    first = dataset[0]["prompt"]
+    if not isinstance(first, str) and not system_prompt:
+        return dataset
+    return dataset.map(as_conversation, fn_kwargs={"system_prompt": system_prompt}, desc="agent prompts")
+
+
+def agent_trainer_kwargs(ctx: Any) -> dict[str, Any]:
+    """What an agent recipe adds to ``GRPOTrainer(...)``: ``{"tools": [...]}``, or ``{}`` without one.
+
+    Readies ``ctx.tokenizer`` and replaces ``ctx.train_dataset`` / ``ctx.eval_dataset`` with
+    conversational copies (see the module docstring).
+
+    Args:
+        ctx: The stage's :class:`~dna_factory.stages.base.StageContext`.
+
+    Raises:
+        DnaConfigError: When the model's chat template cannot carry tool calls.
+    """
+    from dna_factory.agents.environment import build_environment
+    from dna_factory.agents.tool_calls import prepare_tokenizer
+
+    agent = ctx.config.of(AgentArguments)
+    if agent.environment is None:
+        return {}
+    prepare_tokenizer(ctx.tokenizer)
+    ctx.train_dataset = _conversational(ctx.train_dataset, agent.agent_system_prompt)
+    ctx.eval_dataset = _conversational(ctx.eval_dataset, agent.agent_system_prompt)
+    environment = build_environment(agent.environment, agent.environment_options)
+    tools = environment.tools(agent.tools)
+    logger.info(
+        "Agent environment %s: tools %s, at most %s tool-calling rounds per completion.",
+        agent.environment,
+        ", ".join(t.__name__ for t in tools),
+        ctx.training_args.max_tool_calling_iterations,
+    )
+    return {"tools": tools}
