@@ -133,3 +133,13 @@ def _vllm_server_running(request):
         if server.pid is None:
             server.start()
     yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the tests that stop the shared vLLM server (``vllm_alone``, or their own servers) last.
+
+    Every test that uses the shared server then finds it already up, instead of restarting it
+    (about 30 s each time) after one of those tests stopped it. The sort is stable otherwise.
+    """
+    stoppers = {"vllm_alone", "teacher_server"}  # teacher_server (test_distill) also stops the shared server
+    items.sort(key=lambda item: bool(stoppers & set(getattr(item, "fixturenames", ()))))

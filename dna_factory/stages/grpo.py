@@ -135,17 +135,8 @@ def build_trainer(ctx: StageContext) -> GRPOTrainer:
         kwargs.update(
             dynamic_sampling=stage_args.dynamic_sampling, max_rounds=stage_args.dynamic_sampling_max_rounds
         )
-    return trainer_cls(
-        model=ctx.model_args.model_name_or_path,
-        reward_funcs=funcs,
-        args=ctx.training_args,
-        train_dataset=ctx.train_dataset,
-        eval_dataset=ctx.eval_dataset,
-        processing_class=ctx.tokenizer,
-        peft_config=ctx.peft_config,
-        callbacks=ctx.callbacks,
-        **kwargs,
-    )
+    # After agent_trainer_kwargs: it may replace ctx's datasets.
+    return trainer_cls(reward_funcs=funcs, **ctx.trainer_kwargs(quantization=False), **kwargs)
 
 
 STAGE = Stage(
