@@ -106,6 +106,13 @@ class CheckpointEvalArguments:
         default=64,
         metadata={"help": "Harness: concurrent requests to the eval server (Inspect max_connections)."},
     )
+    eval_temperature: float | None = field(
+        default=None,
+        metadata={
+            "help": "Harness: sampling temperature of the answers; 0 is greedy. null: the served model's "
+            "generation_config.json defaults (what its authors recommend, e.g. 0.6 for Qwen3)."
+        },
+    )
     eval_limit: int | None = field(
         default=None, metadata={"help": "Harness: samples per task (null: every sample)."}
     )
@@ -211,6 +218,11 @@ def validate_checkpoint_eval(cfg: ResolvedConfig) -> None:
             "eval_on_checkpoint is true but eval_devices is empty. Set eval_devices to the physical GPU ids "
             'of the eval server, apart from the training GPUs (e.g. eval_devices: "2,3"), or set '
             "eval_on_checkpoint: false."
+        )
+    if args.eval_temperature is not None and args.eval_temperature < 0:
+        raise DnaConfigError(
+            f"eval_temperature is {args.eval_temperature}; it must be >= 0 (0 is greedy) or null for the "
+            "model's own generation defaults."
         )
     tasks = resolve_tasks(args.eval_tasks)
     if importlib.util.find_spec("inspect_ai") is None:

@@ -80,7 +80,9 @@ class CheckpointEvalCallback(TrainerCallback):
         self.tag = tag
         self.report_wandb = bool({"wandb", "all"} & set(report_to))
         self.tasks = resolve_tasks(args.eval_tasks)
-        self.settings = HarnessSettings(args.eval_max_tokens, args.eval_max_connections, args.eval_limit)
+        self.settings = HarnessSettings(
+            args.eval_max_tokens, args.eval_max_connections, args.eval_limit, args.eval_temperature
+        )
         self.server_args = split_server_args(args.eval_server_args)
         if not cuda_available():
             self.server_args, dropped = without_parallel_flags(self.server_args)

@@ -43,7 +43,7 @@ from dna_factory.errors import DnaConfigError
 
 logger = logging.getLogger(__name__)
 
-LOCAL_TASKS = ("arith", "kmmlu_pro")
+LOCAL_TASKS = ("arith", "largest", "kmmlu_pro")
 """The ``@task`` functions of ``dna_factory/eval_tasks.py`` (a test keeps the two in sync)."""
 TASKS_FILE = Path(__file__).with_name("eval_tasks.py")
 SERVICE = "dna"
@@ -100,11 +100,13 @@ def resolve_tasks(specs: Sequence[str] | None) -> list[EvalTask]:
 
 @dataclass(frozen=True)
 class HarnessSettings:
-    """Generation settings of the harness: ``max_tokens`` per answer, ``max_connections`` in flight."""
+    """Generation settings of the harness: ``max_tokens`` per answer, ``max_connections`` in flight,
+    ``temperature`` (None: the served model's own generation defaults)."""
 
     max_tokens: int
     max_connections: int
     limit: int | None = None
+    temperature: float | None = None
 
 
 def harness_command(
@@ -122,6 +124,8 @@ def harness_command(
     ]  # fmt: skip
     if settings.limit is not None:
         command += ["--limit", str(settings.limit)]
+    if settings.temperature is not None:
+        command += ["--temperature", str(settings.temperature)]
     for task in tasks:
         command += ["--task", f"{task.name}={task.ref}"]
     return command
@@ -239,6 +243,7 @@ def run_task(task: EvalTask, args: argparse.Namespace) -> dict:
             max_tokens=args.max_tokens,
             max_connections=args.max_connections,
             max_retries=MAX_RETRIES,
+            **({"temperature": args.temperature} if args.temperature is not None else {}),
             display="none",
         )
     except Exception as exc:  # noqa: BLE001 - reported as this task's result, the other tasks still run
@@ -267,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, required=True)
     parser.add_argument("--max-connections", type=int, required=True)
     parser.add_argument("--limit", type=int, default=None, help="samples per task")
+    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy)")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     args = parser.parse_args(argv)
     if args.parent_pid is not None:

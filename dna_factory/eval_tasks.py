@@ -9,7 +9,9 @@ Every ``@task`` here must be listed in ``dna_factory.eval_harness.LOCAL_TASKS`` 
 checks it), so that task names resolve without importing Inspect in the trainer.
 
 * ``arith``: the held-out tiny arithmetic questions (``data/tiny/arith_eval.jsonl``, never
-  trained on), fully offline; the tests and the CPU demo use it.
+  trained on), fully offline; the tests use it.
+* ``largest``: the held-out "Which number is largest: ...?" questions
+  (``data/tiny/largest_eval.jsonl``), fully offline; the CPU demo pipeline uses it.
 * ``kmmlu_pro``: KMMLU-Pro (Korean professional licensure exams, ``LGAI-EXAONE/KMMLU-Pro``
   on the Hugging Face Hub, gated), which ``inspect_evals`` does not ship; for GPU machines
   with Hub access.
@@ -31,13 +33,21 @@ from inspect_ai.solver import generate, multiple_choice
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ARITH_PATH = REPO_ROOT / "data" / "tiny" / "arith_eval.jsonl"
+LARGEST_PATH = REPO_ROOT / "data" / "tiny" / "largest_eval.jsonl"
 KMMLU_PRO_DATASET = "LGAI-EXAONE/KMMLU-Pro"
 
 
-def arith_sample(record: dict[str, Any], index: int) -> Sample:
+def prompt_solution_sample(record: dict[str, Any], index: int) -> Sample:
     """One ``{"prompt": [{"role": "user", ...}], "solution": "17"}`` row as an Inspect sample."""
     question = next(m["content"] for m in record["prompt"] if m["role"] == "user")
     return Sample(id=index, input=question, target=str(record["solution"]))
+
+
+def last_number_task(path: str | Path, name: str) -> Task:
+    """A task over ``prompt`` + ``solution`` JSONL rows, correct when the answer's last number is the solution."""
+    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    dataset = MemoryDataset([prompt_solution_sample(row, i) for i, row in enumerate(rows)], name=name)
+    return Task(dataset=dataset, solver=generate(), scorer=match(location="end", numeric=True))
 
 
 @task
@@ -47,9 +57,17 @@ def arith(path: str = str(ARITH_PATH)) -> Task:
     Args:
         path: A JSONL file of ``prompt`` (chat messages) + ``solution`` rows.
     """
-    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    dataset = MemoryDataset([arith_sample(row, i) for i, row in enumerate(rows)], name="arith")
-    return Task(dataset=dataset, solver=generate(), scorer=match(location="end", numeric=True))
+    return last_number_task(path, "arith")
+
+
+@task
+def largest(path: str = str(LARGEST_PATH)) -> Task:
+    """The largest of four digits; correct when the last number of the answer is that digit.
+
+    Args:
+        path: A JSONL file of ``prompt`` (chat messages) + ``solution`` rows.
+    """
+    return last_number_task(path, "largest")
 
 
 def kmmlu_pro_sample(record: dict[str, Any]) -> Sample:

@@ -5,6 +5,7 @@ A pipeline recipe (``configs/recipes/<name>.yaml``)::
     name: tiny-cpu
     output_dir: outputs/pipeline-tiny-cpu
     model_name_or_path: artifacts/tiny/student     # the first stage's model
+    overrides: {report_to: wandb}                   # optional: overrides for every stage (a stage's own win)
     stages:
       - name: sft
         entry: sft                                  # sft | dpo | grpo | distill
@@ -37,13 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dna_factory.config import load_yaml, suggest
 from dna_factory.errors import DnaConfigError
 
 logger = logging.getLogger(__name__)
 
 ENTRIES = ("sft", "dpo", "grpo", "distill")
-RECIPE_KEYS = {"name", "description", "output_dir", "model_name_or_path", "stages", "report"}
+RECIPE_KEYS = {"name", "description", "output_dir", "model_name_or_path", "overrides", "stages", "report"}
 STAGE_KEYS = {
     "name",
     "entry",
@@ -104,6 +107,9 @@ def load_pipeline(path: str | Path) -> Pipeline:
         raise DnaConfigError(f"{path} needs `stages:`, a list of {{name, entry, config}} mappings.")
     if not raw.get("model_name_or_path"):
         raise DnaConfigError(f"{path} needs `model_name_or_path:`, the model the first stage starts from.")
+    common = raw.get("overrides") or {}
+    if not isinstance(common, dict):
+        raise DnaConfigError(f"{path}: `overrides:` must be a mapping of config keys to values.")
     stages, names = [], set()
     for i, entry in enumerate(stages_raw, start=1):
         where = f"{path} stage {i}"
@@ -131,7 +137,7 @@ def load_pipeline(path: str | Path) -> Pipeline:
                 name=str(entry["name"]),
                 entry=entry["entry"],
                 config=str(entry["config"]),
-                overrides=dict(entry.get("overrides") or {}),
+                overrides={**common, **(entry.get("overrides") or {})},
                 merge_adapter=bool(entry.get("merge_adapter", True)),
                 launcher=launcher.split() if isinstance(launcher, str) else list(launcher),
                 gpus={k: str(v) for k, v in (entry.get("gpus") or {}).items()},
@@ -158,12 +164,29 @@ def load_pipeline(path: str | Path) -> Pipeline:
     )
 
 
-def _flag_values(value: Any) -> list[str]:
+def apply_cli_overrides(pipeline: Pipeline, assignments: list[str], output_dir: str | None) -> None:
+    """``--set KEY=VALUE`` (YAML value) into every stage's overrides, and ``--output_dir``."""
+    for assignment in assignments:
+        key, sep, text = assignment.partition("=")
+        key = key.strip().removeprefix("--")
+        if not sep or not key:
+            raise DnaConfigError(f"--set {assignment!r}: write it as KEY=VALUE, e.g. --set max_steps=2.")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as exc:
+            raise DnaConfigError(f"--set {assignment!r}: the value is not valid YAML ({exc}).") from None
+        for stage in pipeline.stages:
+            stage.overrides[key] = value
+    if output_dir:
+        pipeline.output_dir = Path(output_dir)
+
+
+def _flag_value(value: Any) -> str:
     if isinstance(value, dict | list):
-        return [json.dumps(value)]
+        return json.dumps(value)
     if isinstance(value, bool):
-        return ["true" if value else "false"]
-    return [str(value)]
+        return "true" if value else "false"
+    return str(value)
 
 
 def stage_argv(
@@ -181,7 +204,7 @@ def stage_argv(
     for key, value in stage.overrides.items():
         if isinstance(value, str) and models:
             value = REFERENCE.sub(lambda m: models[m.group(1)], value)
-        argv += [f"--{key}", *_flag_values(value)]
+        argv.append(f"--{key}={_flag_value(value)}")  # "=": a value may itself start with "--"
     return argv
 
 
@@ -228,6 +251,9 @@ def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
         finally:
             os.environ.clear()
             os.environ.update(env_backup)
+        gpus = dict(stage.gpus or {"train": os.environ.get("CUDA_VISIBLE_DEVICES", "all visible")})
+        if cfg.get("eval_on_checkpoint") and "eval" not in gpus:
+            gpus["eval"] = f"vLLM on {cfg.get('eval_devices')}"
         rows.append(
             {
                 "index": stage.index,
@@ -235,7 +261,7 @@ def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
                 "entry": stage.entry,
                 "config": stage.config,
                 "execution": cfg.get("grpo_execution", "sync") if stage.entry == "grpo" else "-",
-                "gpus": stage.gpus or {"train": os.environ.get("CUDA_VISIBLE_DEVICES", "all visible")},
+                "gpus": gpus,
                 "launcher": " ".join(stage.launcher) or "python",
             }
         )
@@ -343,12 +369,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dry_run", action="store_true", help="Validate every stage's config and print the plan."
     )
+    parser.add_argument("--output_dir", help="Write the pipeline here instead of the recipe's output_dir.")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override a config key in every stage, above the recipe (repeatable; VALUE is YAML), e.g. a "
+        "smoke test of the whole chain: --set max_steps=2 --set save_steps=2.",
+    )
     args = parser.parse_args(argv)
     from dna_factory.runner import setup_logging
 
     setup_logging()
     try:
         pipeline = load_pipeline(args.recipe)
+        apply_cli_overrides(pipeline, args.set, args.output_dir)
         selected = select(pipeline, args.from_stage, args.only_stage)
         rows = validate(pipeline, selected)
         print(f"\nPipeline {pipeline.name}: {len(rows)} stage(s), outputs in {pipeline.output_dir}\n")

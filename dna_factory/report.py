@@ -30,12 +30,19 @@ def stage_summary(stage, root: Path) -> dict:
         values = [h[key] for h in history if key in h]
         if values:
             last[key] = values[-1]
-    evals = {}
+    # Checkpoint evals in step order: {"step": N, "eval/<task>": value, ...} per evaluated checkpoint.
+    eval_history = []
     results = out / "eval_results.jsonl"
     if results.is_file():
         for line in results.read_text().splitlines():
             row = json.loads(line)
-            evals.update({k: v for k, v in row.items() if k.startswith("eval/") and k != "eval/step"})
+            metrics = {k: v for k, v in row.items() if k.startswith("eval/") and k != "eval/step"}
+            if metrics:
+                eval_history.append({"step": row.get("eval/step", 0), **metrics})
+    eval_history.sort(key=lambda e: e["step"])
+    evals = {}
+    for entry in eval_history:
+        evals.update({k: v for k, v in entry.items() if k != "step"})
     return {
         "index": stage.index,
         "name": stage.name,
@@ -45,6 +52,7 @@ def stage_summary(stage, root: Path) -> dict:
         "seconds": round(done["seconds"], 1) if done else summary.get("train_seconds"),
         "final": last,
         "eval": evals,
+        "eval_history": eval_history,
         "model": (done or {}).get("model"),
         "history": history,
     }
@@ -58,6 +66,13 @@ def _fmt(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else ("-" if value is None else str(value))
 
 
+def _eval_cell(key: str, history: list[dict]) -> str:
+    """``largest 0 → 0.665``: the stage's first and last evaluated value of one task."""
+    values = [e[key] for e in history if key in e]
+    shown = [values[0], values[-1]] if len(values) > 1 else values
+    return f"{key.removeprefix('eval/')} {' → '.join(_fmt(v) for v in shown)}"
+
+
 def markdown(pipeline, rows: list[dict]) -> str:
     lines = [
         f"# Pipeline {pipeline.name}",
@@ -67,7 +82,7 @@ def markdown(pipeline, rows: list[dict]) -> str:
     ]
     for r in rows:
         final = ", ".join(f"{k} {_fmt(v)}" for k, v in r["final"].items()) or "-"
-        evals = ", ".join(f"{k.removeprefix('eval/')} {_fmt(v)}" for k, v in r["eval"].items()) or "-"
+        evals = ", ".join(_eval_cell(k, r["eval_history"]) for k in r["eval"]) or "-"
         lines.append(
             f"| {r['index']} | {r['name']} | {r['entry']} | {r['status']} | {_fmt(r['steps'])} | {_fmt(r['seconds'])} "
             f"| {final} | {evals} |"
@@ -81,7 +96,8 @@ def plot(rows: list[dict], target: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = [k for k in CURVES if any(k in h for r in rows for h in r["history"])]
+    eval_keys = sorted({k for r in rows for e in r["eval_history"] for k in e if k != "step"})
+    keys = eval_keys + [k for k in CURVES if any(k in h for r in rows for h in r["history"])]
     if not keys:
         return None
     fig, axes = plt.subplots(len(keys), 1, figsize=(9, 2.8 * len(keys)), squeeze=False, sharex=True)
@@ -89,9 +105,14 @@ def plot(rows: list[dict], target: Path) -> Path | None:
     for r in rows:
         steps = [h.get("step", 0) for h in r["history"]]
         for ax, key in zip(axes[:, 0], keys, strict=True):
-            points = [(offset + h["step"], h[key]) for h in r["history"] if key in h and "step" in h]
-            if points:
-                ax.plot(*zip(*points, strict=True), label=r["name"])
+            if key in eval_keys:  # held-out metrics, one marker per evaluated checkpoint
+                points = [(offset + e["step"], e[key]) for e in r["eval_history"] if key in e]
+                style = {"marker": "o"}
+            else:
+                points = [(offset + h["step"], h[key]) for h in r["history"] if key in h and "step" in h]
+                style = {}
+            if points:  # one colour per stage in every panel
+                ax.plot(*zip(*points, strict=True), label=r["name"], color=f"C{r['index'] - 1}", **style)
         if steps:
             offset += max(steps)
             for ax in axes[:, 0]:

@@ -134,3 +134,43 @@ def test_chain_kill_resume_and_report(tmp_path, tiny_model, tiny_teacher):
 
     again = run_cli("pipeline.py", "--recipe", str(recipe))
     assert again.returncode == 0 and again.stderr.count("is done") == 3
+
+
+@pytest.mark.slow
+def test_shipped_tiny_recipe_runs_end_to_end(tmp_path, tiny_model, tiny_teacher, vllm_alone):
+    """`make demo`'s recipe itself, every stage and its checkpoint evals, scaled down with --set."""
+    out = tmp_path / "demo"
+    command = ["pipeline.py", "--recipe", "configs/recipes/tiny-cpu.yaml", "--output_dir", str(out)]
+    smoke = ["--set", "max_steps=4", "--set", "save_steps=4", "--set", "eval_baseline=false",
+             "--set", "eval_limit=20"]  # fmt: skip
+    proc = run_cli(*command, *smoke, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    report = json.loads((out / "pipeline_report.json").read_text())
+    stages = {s["name"]: s for s in report["stages"]}
+    assert list(stages) == ["teacher", "sft", "grpo", "distill"]
+    assert all(s["status"] == "done" and s["steps"] == 4 for s in stages.values())
+    assert stages["teacher"]["eval_history"] == []  # the recipe turns checkpoint eval off for the teacher
+    for name in ("sft", "grpo", "distill"):
+        [evaluated] = stages[name]["eval_history"]
+        assert evaluated["step"] == 4 and 0.0 <= evaluated["eval/largest"] <= 1.0
+    done = {n: json.loads((out / f"{i}-{n}" / "DONE.json").read_text()) for i, n in enumerate(stages, 1)}
+    assert done["teacher"]["input_model"] == "artifacts/tiny/teacher"
+    assert done["sft"]["input_model"] == "artifacts/tiny/student"
+    assert done["grpo"]["input_model"] == done["sft"]["model"]
+    assert done["distill"]["input_model"] == done["grpo"]["model"]
+    resolved = yaml.safe_load((out / "4-distill" / "resolved_config.yaml").read_text())
+    assert resolved["teacher_model_name_or_path"] == done["teacher"]["model"]
+    assert resolved["max_steps"] == 4 and resolved["eval_tasks"] == ["largest"]
+    assert "| 3 | grpo | grpo | done | 4 |" in proc.stdout and "largest " in proc.stdout
+
+    again = run_cli(*command, *smoke)
+    assert again.returncode == 0 and again.stderr.count("is done") == 4
+
+
+def test_cli_set_overrides_every_stage_and_rejects_malformed_pairs(tmp_path, tiny_model):
+    recipe = _recipe(tmp_path, SMALL)
+    proc = run_cli("pipeline.py", "--recipe", str(recipe), "--set", "max_steps", "--dry_run")
+    assert proc.returncode == 2 and "write it as KEY=VALUE" in proc.stderr
+    proc = run_cli("pipeline.py", "--recipe", str(recipe), "--set", "max_stepz=2", "--dry_run")
+    assert proc.returncode == 2 and "Stage 1 (sft" in proc.stderr and "Did you mean 'max_steps'" in proc.stderr
