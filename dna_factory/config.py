@@ -344,6 +344,13 @@ def parse_cli(argv: list[str], types_by_key: dict[str, Any]) -> tuple[dict[str, 
             raise DnaConfigError(
                 f"Flag --{key} got {len(values)} values ({' '.join(values)}) but takes one. Quote the value."
             )
+        if (
+            _wants_list(tp)
+            and len(values) == 1
+            and "," in values[0]
+            and not values[0].lstrip().startswith("[")
+        ):
+            values = [v.strip() for v in values[0].split(",") if v.strip()]  # --key a,b means [a, b]
         parsed = [_parse_scalar(v) for v in values]
         flags[key] = (
             parsed if _wants_list(tp) and (len(values) > 1 or not isinstance(parsed[0], list)) else parsed[0]

@@ -350,7 +350,10 @@ def run(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
         models = {s.name: final_model(s, root) for s in earlier}
         done_file = stage.output_dir(root) / DONE
         if done_file.is_file():
-            logger.info("Stage %d (%s) is done (%s): skipped.", stage.index, stage.name, done_file)
+            logger.info(
+                "Stage %d (%s) is done (%s): skipped. Delete %s to run it again.",
+                stage.index, stage.name, done_file, done_file.parent,
+            )  # fmt: skip
             results.append(json.loads(done_file.read_text()))
             continue
         results.append(run_stage(stage, model, root, models))

@@ -98,7 +98,7 @@ def vllm_server(tiny_model, tmp_path_factory):
         tiny_model,
         # "artifacts/tiny/student" too: async GRPO's rollout worker requests the model by its recipe path.
         served_model_name=["tiny", "artifacts/tiny/student"],
-        extra_args=["--max-model-len", "512"],
+        extra_args=["--max-model-len", "512", "--enforce-eager"],
         log_path=tmp_path_factory.mktemp("vllm-shared") / "server.log",
         env={
             "VLLM_SERVER_DEV_MODE": "1"
@@ -112,6 +112,13 @@ def vllm_server(tiny_model, tmp_path_factory):
         server.stop()
 
 
+def stop_shared_vllm_server() -> None:
+    """Stop the shared server if it runs (a later ``vllm_server`` test restarts it): one server at a time."""
+    server = _SHARED_VLLM.get("server")
+    if server is not None:
+        server.stop()
+
+
 @pytest.fixture
 def vllm_alone():
     """For a test that starts vLLM servers of its own: stops the shared one first.
@@ -119,9 +126,7 @@ def vllm_alone():
     The 2-core machine runs one vLLM server at a time. A later test that asks for
     ``vllm_server`` gets the shared server restarted (see ``_vllm_server_running``).
     """
-    server = _SHARED_VLLM.get("server")
-    if server is not None:
-        server.stop()
+    stop_shared_vllm_server()
     yield
 
 

@@ -227,6 +227,7 @@ def test_guarded_tools_raise_readable_tool_errors():
         (["--max_tool_calling_iterations", "null"], "max_tool_calling_iterations is not set"),
         (["--max_tool_calling_iterations", "0"], "no tool would ever run"),
         (["--environment", "null"], "environment_options is set but no environment is"),
+        (["--grpo_execution", "async"], "Key 'environment' in .* is an agent RL key.*--grpo_execution sync"),
     ],
 )
 def test_dry_run_rejects_bad_agent_config(flags, message, tiny_model):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -108,8 +109,16 @@ REJECTED = {
 
 
 @pytest.mark.parametrize("case", sorted(REJECTED))
-def test_rejected_combinations_fail_under_dry_run(case, tiny_model):
+def test_rejected_combinations_fail_under_dry_run(case, monkeypatch, tiny_model):
     flags, env, message = REJECTED[case]
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(DnaConfigError, match=re.escape(message)):
+        prepare("grpo", ["--config", ASYNC, "--vllm_server_base_url", DOWN, "--dry_run", *flags])
+
+
+def test_a_rejected_combination_exits_2_from_the_command_line_before_loading(tiny_model):
+    flags, env, message = REJECTED["two processes"]
     proc = run_cli("grpo.py", "--config", ASYNC, "--vllm_server_base_url", DOWN, "--dry_run", *flags, **env)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr and "Traceback" not in proc.stderr

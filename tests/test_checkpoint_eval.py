@@ -40,7 +40,7 @@ EVAL = [
     "--eval_on_checkpoint", "true",
     "--eval_tasks", "arith",
     "--eval_devices", "0",
-    "--eval_server_args=--max-model-len 512",
+    "--eval_server_args=--max-model-len 512 --enforce-eager",
     "--eval_max_tokens", "32",
     "--eval_max_connections", "8",
     "--eval_limit", "8",

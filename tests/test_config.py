@@ -155,3 +155,14 @@ def test_every_shipped_recipe_passes_dry_run(recipe, tiny_model):
     )
     assert cfg.values["model_name_or_path"]
     assert stage.defaults in (recipe.parent.name, f"Async{recipe.parent.name}")
+
+
+def test_list_keys_take_comma_separated_or_repeated_values(tiny_model):
+    args = ["--config", SFT_RECIPE, "--use_peft", "true"]
+    for flags in (["--lora_target_modules", "q_proj,v_proj"], ["--lora_target_modules", "q_proj", "v_proj"]):
+        _, cfg = prepare("sft", [*args, *flags])
+        assert cfg.values["lora_target_modules"] == ["q_proj", "v_proj"]
+    _, cfg = prepare("sft", [*args, "--lora_target_modules", '["q_proj", "k_proj"]'])
+    assert cfg.values["lora_target_modules"] == ["q_proj", "k_proj"]
+    _, cfg = prepare("sft", ["--config", SFT_RECIPE, "--learning_rate", "1e-4"])  # scalars are not split
+    assert cfg.values["learning_rate"] == pytest.approx(1e-4)

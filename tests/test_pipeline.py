@@ -173,4 +173,6 @@ def test_cli_set_overrides_every_stage_and_rejects_malformed_pairs(tmp_path, tin
     proc = run_cli("pipeline.py", "--recipe", str(recipe), "--set", "max_steps", "--dry_run")
     assert proc.returncode == 2 and "write it as KEY=VALUE" in proc.stderr
     proc = run_cli("pipeline.py", "--recipe", str(recipe), "--set", "max_stepz=2", "--dry_run")
-    assert proc.returncode == 2 and "Stage 1 (sft" in proc.stderr and "Did you mean 'max_steps'" in proc.stderr
+    assert (
+        proc.returncode == 2 and "Stage 1 (sft" in proc.stderr and "Did you mean 'max_steps'" in proc.stderr
+    )

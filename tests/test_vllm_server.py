@@ -32,7 +32,7 @@ OWNER = textwrap.dedent(
     from dna_factory.vllm_server import VLLMServer
     logging.basicConfig(level=logging.INFO)
     model, log_path, mode = sys.argv[1:4]
-    server = VLLMServer(model, served_model_name="owned", extra_args=["--max-model-len", "512"], log_path=log_path)
+    server = VLLMServer(model, served_model_name="owned", extra_args=["--max-model-len", "512", "--enforce-eager"], log_path=log_path)
     server.start()
     print(server.pgid, flush=True)
     if mode == "wait":
@@ -160,7 +160,7 @@ def test_a_lost_port_is_retried_and_an_exception_stops_the_server(
         server = VLLMServer(
             tiny_model,
             served_model_name="retry",
-            extra_args=["--max-model-len", "512"],
+            extra_args=["--max-model-len", "512", "--enforce-eager"],
             log_path=tmp_path / "log",
         )
         caplog.set_level(logging.WARNING, logger=manager.__name__)

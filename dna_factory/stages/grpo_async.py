@@ -16,6 +16,7 @@ from typing import Literal
 from trl import GRPOConfig
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
+from dna_factory.agents.config import AgentArguments
 from dna_factory.async_grpo import drop_overlong_prompts, server_max_model_len, setup_async_training_args
 from dna_factory.config import ResolvedConfig
 from dna_factory.stages.base import Stage, StageContext
@@ -67,7 +68,13 @@ def sync_only_keys() -> dict[str, str]:
 
     accepted = _names(AsyncGRPOConfig, ModelConfig, RunArguments, AsyncGRPOStageArguments)
     reason = "applies to grpo_execution: sync only. Remove it, or run with --grpo_execution sync."
-    return {key: reason for key in _names(GRPOConfig) - accepted}
+    foreign = {key: reason for key in _names(GRPOConfig) - accepted}
+    agent_reason = (
+        "is an agent RL key: agent stages run on the synchronous GRPO trainer (TRL's tool loop), which "
+        "the async trainer does not have. Run with --grpo_execution sync, or remove it."
+    )
+    foreign.update({key: agent_reason for key in _names(AgentArguments) - accepted})
+    return foreign
 
 
 def validate_async(cfg: ResolvedConfig) -> None:
