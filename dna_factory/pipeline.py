@@ -362,6 +362,14 @@ def run(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
     return results
 
 
+def _short_launcher(launcher: str) -> str:
+    """``accelerate launch --config_file configs/accelerate/zero3.yaml ...`` -> ``accelerate zero3.yaml``."""
+    words = launcher.split()
+    if "--config_file" in words[:-1]:
+        return f"{words[0]} {Path(words[words.index('--config_file') + 1]).name}"[:27]
+    return launcher[:27]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="pipeline.py", description="Run a multi-stage post-training recipe."
@@ -395,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             roles = ", ".join(f"{k}={v}" for k, v in r["gpus"].items())
             print(
-                f"{r['index']:<3}{r['name']:<22}{r['entry']:<9}{r['execution']:<7}{r['launcher'][:27]:<28}{roles}"
+                f"{r['index']:<3}{r['name']:<22}{r['entry']:<9}{r['execution']:<7}{_short_launcher(r['launcher']):<28}{roles}"
             )
         if args.dry_run:
             print("\n# dry run: every stage's config is valid.")

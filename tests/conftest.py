@@ -98,7 +98,7 @@ def vllm_server(tiny_model, tmp_path_factory):
         tiny_model,
         # "artifacts/tiny/student" too: async GRPO's rollout worker requests the model by its recipe path.
         served_model_name=["tiny", "artifacts/tiny/student"],
-        extra_args=["--max-model-len", "512", "--enforce-eager"],
+        extra_args=["--max-model-len", "512"],  # compiled, not eager: the shared server generates a lot
         log_path=tmp_path_factory.mktemp("vllm-shared") / "server.log",
         env={
             "VLLM_SERVER_DEV_MODE": "1"

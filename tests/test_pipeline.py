@@ -78,7 +78,8 @@ def test_recipe_errors_are_named(tmp_path, tiny_model):
     assert proc.returncode == 2 and "No stage named 'grpoo'. Did you mean 'grpo'?" in proc.stderr
 
 
-@pytest.mark.parametrize(("recipe", "stages"), [("tiny-cpu", 4), ("rufus-air", 8)])
+# tiny-cpu is validated (and run) by test_shipped_tiny_recipe_runs_end_to_end.
+@pytest.mark.parametrize(("recipe", "stages"), [("rufus-air", 8)])
 def test_shipped_recipes_pass_dry_run(recipe, stages, tiny_model):
     proc = run_cli("pipeline.py", "--recipe", f"configs/recipes/{recipe}.yaml", "--dry_run")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -130,10 +131,7 @@ def test_chain_kill_resume_and_report(tmp_path, tiny_model, tiny_teacher):
     report = json.loads((out / "pipeline_report.json").read_text())
     assert [s["status"] for s in report["stages"]] == ["done", "done", "done"]
     assert (out / "pipeline_report.md").is_file() and (out / "pipeline_report.png").stat().st_size > 0
-    assert "| 2 | grpo | grpo | done | 6 |" in proc.stdout
-
-    again = run_cli("pipeline.py", "--recipe", str(recipe))
-    assert again.returncode == 0 and again.stderr.count("is done") == 3
+    assert "| 2 | grpo | grpo | done | 6 |" in proc.stdout  # a rerun skipping all: the shipped-recipe test
 
 
 @pytest.mark.slow
