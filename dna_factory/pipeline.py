@@ -146,15 +146,7 @@ def load_pipeline(path: str | Path) -> Pipeline:
                 model=str(entry["model"]) if entry.get("model") else None,
             )
         )
-    for stage in stages:
-        for value in stage.overrides.values():
-            for ref in REFERENCE.findall(str(value)):
-                earlier = [s.name for s in stages if s.index < stage.index]
-                if ref not in earlier:
-                    raise DnaConfigError(
-                        f"{path} stage {stage.index} ({stage.name}) refers to ${{{ref}}}, which is not an earlier "
-                        f"stage.{suggest(ref, earlier)} Earlier stages: {', '.join(earlier) or '(none)'}."
-                    )
+    check_references(stages, str(path))
     return Pipeline(
         name=str(raw.get("name") or Path(path).stem),
         output_dir=Path(raw.get("output_dir") or f"outputs/pipeline-{Path(path).stem}"),
@@ -162,6 +154,19 @@ def load_pipeline(path: str | Path) -> Pipeline:
         stages=stages,
         description=str(raw.get("description", "")),
     )
+
+
+def check_references(stages: list[PipelineStage], where: str) -> None:
+    """Every ``${name}`` in a stage's overrides names an earlier stage."""
+    for stage in stages:
+        for value in stage.overrides.values():
+            for ref in REFERENCE.findall(str(value)):
+                earlier = [s.name for s in stages if s.index < stage.index]
+                if ref not in earlier:
+                    raise DnaConfigError(
+                        f"{where} stage {stage.index} ({stage.name}) refers to ${{{ref}}}, which is not an earlier "
+                        f"stage.{suggest(ref, earlier)} Earlier stages: {', '.join(earlier) or '(none)'}."
+                    )
 
 
 def apply_cli_overrides(pipeline: Pipeline, assignments: list[str], output_dir: str | None) -> None:
@@ -177,6 +182,8 @@ def apply_cli_overrides(pipeline: Pipeline, assignments: list[str], output_dir: 
             raise DnaConfigError(f"--set {assignment!r}: the value is not valid YAML ({exc}).") from None
         for stage in pipeline.stages:
             stage.overrides[key] = value
+    if assignments:
+        check_references(pipeline.stages, "--set: in")
     if output_dir:
         pipeline.output_dir = Path(output_dir)
 

@@ -174,3 +174,21 @@ def test_cli_set_overrides_every_stage_and_rejects_malformed_pairs(tmp_path, tin
     assert (
         proc.returncode == 2 and "Stage 1 (sft" in proc.stderr and "Did you mean 'max_steps'" in proc.stderr
     )
+
+
+def test_cli_set_references_and_output_dir(tmp_path):
+    from dna_factory.errors import DnaConfigError
+    from dna_factory.pipeline import apply_cli_overrides, load_pipeline
+
+    pipeline = load_pipeline(_recipe(tmp_path, SMALL))
+    apply_cli_overrides(pipeline, ["max_steps=2", "report_to=[wandb]"], str(tmp_path / "elsewhere"))
+    assert all(
+        s.overrides["max_steps"] == 2 and s.overrides["report_to"] == ["wandb"] for s in pipeline.stages
+    )
+    assert pipeline.output_dir == tmp_path / "elsewhere"
+    with pytest.raises(
+        DnaConfigError, match=r"stage 1 \(sft\) refers to \$\{grpo\}, which is not an earlier"
+    ):
+        apply_cli_overrides(
+            load_pipeline(_recipe(tmp_path, SMALL)), ["teacher_model_name_or_path=${grpo}"], None
+        )
