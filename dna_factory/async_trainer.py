@@ -9,10 +9,10 @@ by ``tests/test_async_grpo.py::test_trl_async_canary``:
 
 Exact resume (S-ASYNC-6, fixed). TRL numbers prompt groups by their position in the rollout
 worker's prompt stream and saves ``prompt_index`` = the smallest position not yet trained (a
-low-water mark). A group whose samples were all dropped as stale never counts as trained, so
-it pins the mark, and on resume every group above it is generated and trained again. Here a
-position is *done* when at least one of its samples reached the model, or when all
-``num_generations`` of its samples were dropped as stale (the same treatment a stale sample
+low-water mark). A group whose samples were all dropped (stale, or longer than ``token_budget``)
+never counts as trained, so it pins the mark, and on resume every group above it is generated
+and trained again. Here a position is *done* when at least one of its samples reached the model,
+or when all ``num_generations`` of its samples were dropped (the same treatment a dropped sample
 gets during the run: it is skipped, not retried). ``rollout_state.json`` keeps TRL's
 ``prompt_index`` (the mark over done positions) plus ``done_above``, the done positions above
 the mark. On resume the worker's prompt stream is rebuilt as every position from the mark on,
@@ -51,12 +51,20 @@ TRAINED_RECORD = "trained_groups.jsonl"
 RESUME_HORIZON_EPOCHS = 4  # the rebuilt stream covers this many passes over the data after the resume point
 
 
-class _QueueWatcher:
-    """Transparent proxy for the rollout queue: sees every sample the trainer takes and notes stale drops.
+def dropped_before_training(sample, *, model_version: int, max_staleness: int, token_budget: int | None) -> bool:
+    """Whether TRL 1.16 drops this rollout sample before it reaches the model.
 
-    TRL's ``RolloutQueueDataset`` drops a sample when ``model_version - sample.model_version > max_staleness``,
-    computed right after ``get()`` on the same thread; the proxy applies the same test.
+    ``RolloutQueueDataset`` drops it as stale when ``model_version - sample.model_version > max_staleness``
+    (computed right after ``get()``, on the same thread); then, with ``token_budget > 0``,
+    ``TokenBudgetBatcher`` drops it when it has more than ``token_budget`` tokens.
     """
+    if model_version - sample.model_version > max_staleness:
+        return True
+    return bool(token_budget) and token_budget > 0 and len(sample.input_ids) > token_budget
+
+
+class _QueueWatcher:
+    """Transparent proxy for the rollout queue: sees every sample the trainer takes and notes the dropped ones."""
 
     def __init__(self, queue, trainer: DnaAsyncGRPOTrainer):
         self._queue = queue
@@ -65,8 +73,13 @@ class _QueueWatcher:
     def get(self, *args, **kwargs):
         sample = self._queue.get(*args, **kwargs)
         trainer = self._trainer
-        if trainer.model_version - sample.model_version > trainer.args.max_staleness:
-            trainer._note_stale_drop(sample.group_id)
+        if dropped_before_training(
+            sample,
+            model_version=trainer.model_version,
+            max_staleness=trainer.args.max_staleness,
+            token_budget=trainer.args.token_budget,
+        ):
+            trainer._note_drop(sample.group_id)
         return sample
 
     def __getattr__(self, name):
@@ -83,8 +96,8 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
 
             use_tree_sdpa(self.model)
         self._positions: list[int] | None = None  # worker group id -> stream position (None: identity)
-        self._stale_drops: dict[int, int] = {}
-        self._abandoned: set[int] = set()  # positions whose samples were all dropped as stale
+        self._drops: dict[int, int] = {}
+        self._abandoned: set[int] = set()  # positions whose samples were all dropped
         self._recorded: set[int] = set()
         self._done_before: set[int] = set()  # done positions carried over from the checkpoint
         self._mark_before = 0
@@ -102,9 +115,9 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
     def _position(self, group_id: int) -> int:
         return self._positions[group_id] if self._positions is not None else group_id
 
-    def _note_stale_drop(self, group_id: int) -> None:
-        count = self._stale_drops.get(group_id, 0) + 1
-        self._stale_drops[group_id] = count
+    def _note_drop(self, group_id: int) -> None:
+        count = self._drops.get(group_id, 0) + 1
+        self._drops[group_id] = count
         if count >= self.args.num_generations and group_id not in self._trained_groups:
             self._abandoned.add(self._position(group_id))
 

@@ -54,6 +54,68 @@ def test_trl_async_canary():
     assert callable(TreeRow.pack)
 
 
+class _QueueDrained(Exception):
+    pass
+
+
+def test_our_drop_test_agrees_with_trls_queue_dataset_and_token_budget_batcher():
+    """Exact resume counts a sample as dropped exactly when TRL's real pipeline drops it (stale or oversize)."""
+    import collections
+    import queue
+
+    import numpy as np
+    from accelerate import PartialState
+    from trl.experimental.async_grpo.async_grpo_trainer import RolloutQueueDataset, TokenBudgetBatcher
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    from dna_factory.async_trainer import dropped_before_training
+
+    version, max_staleness, budget = 5, 1, 12
+
+    def sample(group_id, n_tokens, model_version):
+        return RolloutSample(
+            prompt=[], completion=[], input_ids=np.arange(n_tokens), completion_mask=np.ones(n_tokens, dtype=bool),
+            old_log_probs=np.zeros(n_tokens, dtype=np.float32), advantage=1.0, model_version=model_version,
+            group_id=group_id, metrics={},
+        )  # fmt: skip
+
+    samples = [
+        sample(0, 8, 5),  # fresh, fits
+        sample(1, 8, 3),  # stale (staleness 2 > 1)
+        sample(2, 20, 5),  # fresh, longer than the budget
+        sample(3, 12, 4),  # staleness 1, exactly the budget: kept
+        sample(4, 30, 1),  # stale and oversize: dropped once, as stale
+        sample(5, 13, 5),  # one token over
+    ]
+    rollouts: queue.Queue = queue.Queue()
+    for s in samples:
+        rollouts.put(s)
+
+    def drained(_stale_after_s):
+        raise _QueueDrained
+
+    PartialState()  # TRL logs through accelerate's logger, which needs the (single-process) state
+    metrics = collections.defaultdict(list)
+    dataset = RolloutQueueDataset(
+        rollouts, lambda: version, drained, stale_after_s=60.0, metrics=metrics,
+        max_staleness=max_staleness, poll_interval_s=0.01,
+    )  # fmt: skip
+    with pytest.raises(_QueueDrained):
+        for _ in TokenBudgetBatcher(dataset, num_processes=1, token_budget=budget, metrics=metrics):
+            pass
+    trl_drops = len(metrics["sample/dropped_stale_total"]) + len(metrics["batch/dropped_oversize_total"])
+    ours = [
+        dropped_before_training(s, model_version=version, max_staleness=max_staleness, token_budget=budget)
+        for s in samples
+    ]
+    assert ours == [False, True, True, False, True, True]
+    assert trl_drops == sum(ours)
+    assert (
+        len(metrics["sample/dropped_stale_total"]) == 2 and len(metrics["batch/dropped_oversize_total"]) == 2
+    )
+    assert not dropped_before_training(samples[2], model_version=version, max_staleness=1, token_budget=0)
+
+
 # ----------------------------------------------------------------------------------------- mode switch
 
 
