@@ -51,7 +51,9 @@ TRAINED_RECORD = "trained_groups.jsonl"
 RESUME_HORIZON_EPOCHS = 4  # the rebuilt stream covers this many passes over the data after the resume point
 
 
-def dropped_before_training(sample, *, model_version: int, max_staleness: int, token_budget: int | None) -> bool:
+def dropped_before_training(
+    sample, *, model_version: int, max_staleness: int, token_budget: int | None
+) -> bool:
     """Whether TRL 1.16 drops this rollout sample before it reaches the model.
 
     ``RolloutQueueDataset`` drops it as stale when ``model_version - sample.model_version > max_staleness``

@@ -348,7 +348,7 @@ def parse_cli(argv: list[str], types_by_key: dict[str, Any]) -> tuple[dict[str, 
             _wants_list(tp)
             and len(values) == 1
             and "," in values[0]
-            and not values[0].lstrip().startswith("[")
+            and values[0].lstrip()[:1] not in ("[", "{")  # a YAML flow list or mapping is parsed whole
         ):
             values = [v.strip() for v in values[0].split(",") if v.strip()]  # --key a,b means [a, b]
         parsed = [_parse_scalar(v) for v in values]

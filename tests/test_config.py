@@ -166,3 +166,11 @@ def test_list_keys_take_comma_separated_or_repeated_values(tiny_model):
     assert cfg.values["lora_target_modules"] == ["q_proj", "k_proj"]
     _, cfg = prepare("sft", ["--config", SFT_RECIPE, "--learning_rate", "1e-4"])  # scalars are not split
     assert cfg.values["learning_rate"] == pytest.approx(1e-4)
+    _, cfg = prepare(  # a flow mapping with commas stays one list item
+        "grpo",
+        ["--config", "configs/GRPO/tiny-cpu.yaml", "--reward_funcs",
+         "{factory: string_match, answer_column: solution, weight: 2}"],
+    )  # fmt: skip
+    assert cfg.values["reward_funcs"] == [
+        {"factory": "string_match", "answer_column": "solution", "weight": 2}
+    ]
