@@ -62,7 +62,7 @@ def dropped_before_training(
     """
     if model_version - sample.model_version > max_staleness:
         return True
-    return bool(token_budget) and token_budget > 0 and len(sample.input_ids) > token_budget
+    return (token_budget or 0) > 0 and len(sample.input_ids) > token_budget
 
 
 class _QueueWatcher:

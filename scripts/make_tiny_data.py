@@ -40,7 +40,6 @@ EVAL_FRACTION = 0.1
 LARGEST_LIST_LENGTH = 4  # digits per question
 LARGEST_TRAIN = 5800  # distinct training questions
 LARGEST_EVAL = 200  # distinct held-out questions
-LARGEST_TEACHER = LARGEST_TRAIN  # careful demonstrations for the teacher
 CARELESS_FRACTION = 0.5  # SFT rows whose answer copies the last number
 
 
@@ -119,7 +118,7 @@ def largest_task(rng: random.Random) -> dict[str, list[dict]]:
         ],
         "largest_prompts.jsonl": [{"prompt": largest_question(d), "solution": str(max(d))} for d in train],
         "largest_teacher_sft.jsonl": [
-            {"messages": largest_question(d) + largest_answer(max(d))} for d in train[:LARGEST_TEACHER]
+            {"messages": largest_question(d) + largest_answer(max(d))} for d in train
         ],
         "largest_eval.jsonl": [{"prompt": largest_question(d), "solution": str(max(d))} for d in held_out],
     }
