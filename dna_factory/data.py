@@ -9,6 +9,7 @@ A recipe lists datasets::
         weight: 2.0                       # seeded resampling; 0 drops the dataset
         columns: [messages]               # keep only these columns; a mapping renames: {question: prompt}
         max_samples: 100                  # seeded shuffle, then the first N
+        prompt_template: "{{ prompt }} Put the final answer within \\boxed{}."   # optional, Jinja2
 
 Every stage declares a *format* (``sft``, ``dpo``, ``prompt``, ``grpo``); rows are
 normalised to it and checked before any tokenizer or model is loaded, so a bad row is
@@ -26,11 +27,22 @@ from pathlib import Path
 from typing import Any
 
 from dna_factory.errors import DnaConfigError
+from dna_factory.prompts import PromptRule, compile_template, render_prompt_template, template_columns
 
 logger = logging.getLogger(__name__)
 
 LOCAL_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
-SPEC_KEYS = {"path", "label", "split", "weight", "columns", "max_samples", "name", "data_files"}
+SPEC_KEYS = {
+    "path",
+    "label",
+    "split",
+    "weight",
+    "columns",
+    "max_samples",
+    "name",
+    "data_files",
+    "prompt_template",
+}
 
 # What each format accepts, in the words an error message uses.
 FORMATS = {
@@ -57,6 +69,7 @@ class DatasetSpec:
     max_samples: int | None = None
     name: str | None = None
     data_files: Any = None
+    prompt_template: str | None = None  # Jinja2 over the row's columns (dna_factory.prompts)
 
     @property
     def is_local(self) -> bool:
@@ -118,6 +131,14 @@ def parse_specs(raw: Any, key: str = "datasets") -> list[DatasetSpec]:
                     f"{where} has columns {columns!r}; use a list of column names or a mapping "
                     "{source_column: new_name} (e.g. {question: prompt})."
                 )
+        template = entry.get("prompt_template")
+        if template is not None:
+            if not isinstance(template, str) or not template.strip():
+                raise DnaConfigError(
+                    f"{where} has prompt_template {template!r}; it must be a non-empty string such as "
+                    "'{{ prompt }} Put the final answer within \\boxed{}.'"
+                )
+            compile_template(template)
         path = str(entry["path"])
         if looks_local(path) and not Path(path).expanduser().exists():
             raise DnaConfigError(
@@ -134,6 +155,7 @@ def parse_specs(raw: Any, key: str = "datasets") -> list[DatasetSpec]:
                 max_samples=max_samples,
                 name=entry.get("name"),
                 data_files=entry.get("data_files"),
+                prompt_template=template,
             )
         )
     return specs
@@ -173,6 +195,31 @@ def peek_columns(spec: DatasetSpec) -> set[str] | None:
     return None
 
 
+def peek_rows(spec: DatasetSpec, n: int = 5) -> list[dict] | None:
+    """The first ``n`` records of a local JSON/JSONL/Parquet file (raw, before ``columns``); None when unknown."""
+    p = Path(spec.path).expanduser()
+    try:
+        if p.suffix == ".jsonl" and p.is_file():
+            rows = []
+            with p.open(encoding="utf-8") as fh:
+                for line in fh:
+                    if line.strip():
+                        rows.append(json.loads(line))
+                    if len(rows) >= n:
+                        break
+            return rows
+        if p.suffix == ".json" and p.is_file():
+            data = json.loads(p.read_text(encoding="utf-8"))
+            return data[:n] if isinstance(data, list) else None
+        if p.suffix == ".parquet" and p.is_file():
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(p).read_row_group(0).slice(0, n).to_pylist()
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def check_format_columns(spec: DatasetSpec, columns: set[str], fmt: str) -> None:
     """Raise when a dataset's columns cannot satisfy the stage's format."""
     if spec.columns is not None:
@@ -188,6 +235,19 @@ def check_format_columns(spec: DatasetSpec, columns: set[str], fmt: str) -> None
             f"Dataset '{spec.label}' ({spec.path}) has columns [{', '.join(sorted(columns))}] but this stage needs "
             f"{FORMATS[fmt]}. Rename the columns or pick the right stage."
         )
+    if spec.prompt_template is not None:
+        available = columns | ({"prompt"} if "messages" in columns and fmt in ("prompt", "grpo") else set())
+        if "prompt" not in available:
+            raise DnaConfigError(
+                f"Dataset '{spec.label}' ({spec.path}) has a prompt_template but no `prompt` column for it to "
+                "rewrite. Select or rename the prompt column (columns: {question: prompt}), or remove prompt_template."
+            )
+        unknown = sorted(template_columns(spec.prompt_template) - available)
+        if unknown:
+            raise DnaConfigError(
+                f"prompt_template of dataset '{spec.label}' ({spec.path}) reads column {unknown[0]!r}, which the "
+                f"dataset does not have (after `columns`). Its columns are: {', '.join(sorted(available))}."
+            )
 
 
 # --------------------------------------------------------------------------- row normalisation
@@ -329,8 +389,11 @@ def _resample(ds, spec: DatasetSpec, seed: int):
     return ds.select(indices)
 
 
-def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42):
-    """Load, check, normalise, label, resample and concatenate the datasets of a mixture.
+def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42, prompt_rule: PromptRule | None = None):
+    """Load, check, normalise, template, label, resample and concatenate the datasets of a mixture.
+
+    ``prompt_rule`` (chat or text, system turn; :mod:`dna_factory.prompts`) renders each
+    dataset's rows before the datasets are mixed, so string and chat datasets mix.
 
     Raises:
         DnaConfigError: naming the dataset, the row index and the problem for the first bad row.
@@ -354,11 +417,19 @@ def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42):
 
         def normalise(row, idx, spec=spec):
             try:
-                return normalize_row(row, fmt)
-            except _RowError as exc:
+                row = normalize_row(row, fmt)
+                if spec.prompt_template is not None:
+                    row["prompt"] = render_prompt_template(spec.prompt_template, row)
+            except (_RowError, ValueError) as exc:
                 raise DnaConfigError(
                     f"Dataset '{spec.label}' ({spec.path}), row {idx}: {exc}. Fix or remove the row."
                 ) from None
+            except Exception as exc:  # jinja2 raises its own types (e.g. a column missing in this row)
+                raise DnaConfigError(
+                    f"Dataset '{spec.label}' ({spec.path}), row {idx}: prompt_template failed: "
+                    f"{type(exc).__name__}: {exc}. Fix the template or the row."
+                ) from None
+            return prompt_rule.row(row, fmt) if prompt_rule is not None else row
 
         remove = ["messages"] if fmt in ("prompt", "grpo") and "messages" in ds.column_names else None
         ds = ds.map(normalise, with_indices=True, remove_columns=remove, desc=f"Checking {spec.label}")

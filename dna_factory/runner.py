@@ -22,6 +22,7 @@ from pathlib import Path
 from dna_factory.checkpoint_eval import CheckpointEvalArguments, checkpoint_eval_callbacks
 from dna_factory.config import ResolvedConfig, RunArguments, resolve
 from dna_factory.errors import DnaConfigError
+from dna_factory.prompts import PromptArguments, PromptRule, local_chat_template, resolve_prompt_format
 from dna_factory.stages import Stage, StageContext, get_stage
 from dna_factory.validation import run_validators
 
@@ -46,7 +47,14 @@ def setup_logging(level: str = "info") -> None:
 def dataclass_types(stage: Stage) -> list[type]:
     from trl import ModelConfig
 
-    return [stage.config_class, ModelConfig, RunArguments, CheckpointEvalArguments, *stage.extra_dataclasses]
+    return [
+        stage.config_class,
+        ModelConfig,
+        RunArguments,
+        PromptArguments,
+        CheckpointEvalArguments,
+        *stage.extra_dataclasses,
+    ]
 
 
 def auto_output_dir(cfg: ResolvedConfig) -> str:
@@ -153,6 +161,21 @@ def model_init_kwargs(model_args, training_args) -> dict:
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
+def prompt_rule(cfg: ResolvedConfig, tokenizer=None) -> PromptRule:
+    """How this run renders prompts (docs/datasets.md): chat or text, and the system turn."""
+    args = cfg.of(PromptArguments)
+    model = cfg.get("model_name_or_path")
+    fmt = resolve_prompt_format(args.prompt_format, model, tokenizer)
+    system_prompt = args.system_prompt or cfg.get("agent_system_prompt")
+    rule = PromptRule(chat=fmt == "chat", system_prompt=system_prompt if fmt == "chat" else None)
+    logger.info(
+        "Prompts: %s%s.",
+        "chat template (string prompts become a user turn)" if rule.chat else "raw text",
+        ", with a system turn" if rule.system_prompt else "",
+    )
+    return rule
+
+
 def load_context(stage: Stage, cfg: ResolvedConfig) -> StageContext:
     """Datasets (checked row by row), tokenizer and model settings: everything a trainer factory needs."""
     from trl import ModelConfig, get_peft_config, get_quantization_config
@@ -162,9 +185,15 @@ def load_context(stage: Stage, cfg: ResolvedConfig) -> StageContext:
     training_args = cfg.of(stage.config_class)
     model_args = cfg.of(ModelConfig)
     run_args = cfg.of(RunArguments)
+    tokenizer = None
+    if (
+        local_chat_template(model_args.model_name_or_path) is None
+    ):  # a hub id: its tokenizer says chat or text
+        tokenizer = load_tokenizer(model_args, training_args)
+    rule = prompt_rule(cfg, tokenizer)
     with training_args.main_process_first(desc="dataset loading"):
         train_dataset = load_mixture(
-            parse_specs(run_args.datasets), stage.data_format, seed=training_args.seed
+            parse_specs(run_args.datasets), stage.data_format, seed=training_args.seed, prompt_rule=rule
         )
         eval_dataset = None
         if run_args.eval_datasets:
@@ -172,9 +201,11 @@ def load_context(stage: Stage, cfg: ResolvedConfig) -> StageContext:
                 parse_specs(run_args.eval_datasets, "eval_datasets"),
                 stage.data_format,
                 seed=training_args.seed,
+                prompt_rule=rule,
             )
     logger.info("Training mixture: %d rows, columns %s", len(train_dataset), train_dataset.column_names)
-    tokenizer = load_tokenizer(model_args, training_args)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(model_args, training_args)
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
     return StageContext(
         config=cfg,

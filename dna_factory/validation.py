@@ -14,6 +14,7 @@ from dna_factory.checkpoint_eval import validate_checkpoint_eval
 from dna_factory.config import ResolvedConfig
 from dna_factory.data import check_format_columns, looks_local, parse_specs, peek_columns
 from dna_factory.errors import DnaConfigError
+from dna_factory.prompts import validate_prompt_settings
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ COMMON_VALIDATORS = (
     validate_report_to,
     validate_distributed_env,
     validate_checkpoint_eval,
+    validate_prompt_settings,
 )
 
 

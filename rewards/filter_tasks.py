@@ -96,6 +96,17 @@ class FilterTasksConfig:
     chat_template_kwargs: dict | None = field(
         default=None, metadata={"help": "Extra chat-template variables, e.g. {enable_thinking: false}."}
     )
+    prompt_format: str = field(
+        default="auto",
+        metadata={
+            "help": "auto | chat | text: string prompts become a user turn of the chat template (as in training; "
+            "docs/datasets.md). auto: chat unless a local model has no template; a server is asked for chat."
+        },
+    )
+    system_prompt: str | None = field(
+        default=None,
+        metadata={"help": "System turn before every chat prompt that has none (as in training)."},
+    )
     concurrency: int = field(default=16, metadata={"help": "backend server/vllm: prompts in flight at once."})
     request_timeout_s: float = field(
         default=600.0, metadata={"help": "backend server/vllm: seconds allowed for one prompt's request."}
@@ -195,6 +206,7 @@ def validate(cfg: FilterTasksConfig) -> tuple[list, list, list]:
         _fail(
             "No output_dir configured. Set `output_dir:` (scored.jsonl, kept.jsonl and report.json go there)."
         )
+    prompt_rule_of(cfg)  # prompt_format / system_prompt, under --dry_run too
     return specs, funcs, weights
 
 
@@ -215,6 +227,7 @@ def settings_of(cfg: FilterTasksConfig) -> dict[str, Any]:
         "reward_funcs": cfg.reward_funcs,
         "num_generations": cfg.num_generations,
         "sampling": [cfg.temperature, cfg.top_p, cfg.max_tokens, cfg.seed, cfg.chat_template_kwargs],
+        "prompts": [cfg.prompt_format, cfg.system_prompt],
         "pass_threshold": cfg.pass_threshold,
     }
 
@@ -315,6 +328,20 @@ async def _score_all(cfg, dataset, todo, funcs, weights, log, backend) -> _Metri
     return metrics
 
 
+def prompt_rule_of(cfg: FilterTasksConfig):
+    """The training stages' prompt rule (dna_factory.prompts), so rows are scored as they will be trained."""
+    from dna_factory.prompts import PromptRule, resolve_prompt_format
+
+    if cfg.prompt_format not in ("auto", "chat", "text"):
+        _fail(f"prompt_format is {cfg.prompt_format!r}. Use auto, chat or text.")
+    model = cfg.model if cfg.backend != "server" else None  # a served name says nothing about templates
+    chat = resolve_prompt_format(cfg.prompt_format, model) == "chat"
+    if cfg.system_prompt and not chat:
+        _fail("system_prompt is set but prompts are raw text (prompt_format: text, or a model without a chat "
+              "template). Remove system_prompt or use a chat model.")  # fmt: skip
+    return PromptRule(chat=chat, system_prompt=cfg.system_prompt)
+
+
 def _backend(cfg: FilterTasksConfig, base_url: str | None, model: str | None):
     from rewards.rollouts import LocalRollouts, SamplingParams, ServerRollouts
 
@@ -345,7 +372,7 @@ def run(cfg: FilterTasksConfig) -> dict[str, Any]:
 
     specs, funcs, weights = validate(cfg)
     out = Path(cfg.output_dir)
-    dataset = load_mixture(specs, "grpo", seed=cfg.seed)
+    dataset = load_mixture(specs, "grpo", seed=cfg.seed, prompt_rule=prompt_rule_of(cfg))
     keys = [prompt_key(i, prompt) for i, prompt in enumerate(dataset["prompt"])]
     with ScoreLog(out / OUTPUT_FILES["scored"], fingerprint(settings_of(cfg))) as log:
         todo = [(i, key) for i, key in enumerate(keys) if key not in log]

@@ -3,8 +3,8 @@
 Two backends with one coroutine, ``generate(prompt, index) -> Rollouts``:
 
 - :class:`ServerRollouts` asks an OpenAI-compatible server (vLLM, or any other): a conversation
-  goes to ``POST /chat/completions``, a plain-string prompt to ``POST /completions`` (no chat
-  template, as TRL treats string prompts), each with ``n=K``; a server that returns fewer
+  goes to ``POST /chat/completions``, a plain-string prompt (``prompt_format: text``) to ``POST
+  /completions`` (no chat template, as TRL treats string prompts), each with ``n=K``; a server that returns fewer
   choices than asked is asked again for the rest. Requests run concurrently through one
   aiohttp session, at most ``concurrency`` in flight.
 - :class:`LocalRollouts` runs ``transformers`` ``generate(num_return_sequences=K)`` on a local

@@ -1,8 +1,9 @@
 r"""Verifiable rewards: string-match against a gold answer, and the narrow playground reward.
 
 String-match (S-RW-3..8) extracts the final answer from a completion with an *extractor*,
-extracts the gold answer from ``kwargs[answer_column]`` the same way (falling back to the raw
-gold string when extraction finds nothing), normalises both with :func:`normalize_answer` and
+extracts the gold answer from ``kwargs[answer_column]`` the same way, or with ``gold_extractor``
+when the dataset writes its gold in another form (GSM8K's ``#### 72`` while the prompt asks for
+``\boxed{}``), falling back to the raw gold string when extraction finds nothing; normalises both with :func:`normalize_answer` and
 returns 1.0 when they are equal, else 0.0. It is chosen for speed (a few microseconds per
 sample), determinism and no dependencies when gold answers are already canonical. Unlike TRL's
 ``accuracy_reward`` (math_verify), it treats ``0.5`` and ``1/2`` as different answers.
@@ -129,6 +130,10 @@ EXTRACTORS: dict[str, Callable[[str], str | None]] = {
 }
 """Extractor name -> function returning the answer found in a text, or None when there is none."""
 
+ANSWER_MARKERS: dict[str, str] = {"boxed": "\\boxed", "gsm8k": "####"}
+"""Extractor name -> the marker a completion must write, so the prompt must ask for it (``--dry_run`` warns
+when neither the system prompt nor the prompts mention it). ``last_number`` and ``full`` need none."""
+
 # A number grouped by thousands ("1,000", "12,345,678.5"), not part of a longer digit/comma run.
 _THOUSANDS = re.compile(r"(?<![\d,.])\d{1,3}(?:,\d{3})+(?![\d]|,\d)")
 
@@ -221,8 +226,16 @@ class StringMatchReward:
     completion. See the module docstring for the rules.
     """
 
-    def __init__(self, extractor: str, answer_column: str, only_label: str | None, name: str):
+    def __init__(
+        self,
+        extractor: str,
+        answer_column: str,
+        only_label: str | None,
+        name: str,
+        gold_extractor: str | None = None,
+    ):
         self.extractor = extractor
+        self.gold_extractor = gold_extractor or extractor
         self.answer_column = answer_column
         self.only_label = only_label
         self.__name__ = name
@@ -235,7 +248,8 @@ class StringMatchReward:
     def __repr__(self) -> str:
         return (
             f"StringMatchReward(name={self.__name__!r}, extractor={self.extractor!r}, "
-            f"answer_column={self.answer_column!r}, only_label={self.only_label!r})"
+            f"gold_extractor={self.gold_extractor!r}, answer_column={self.answer_column!r}, "
+            f"only_label={self.only_label!r})"
         )
 
     def __call__(
@@ -258,7 +272,7 @@ class StringMatchReward:
         scores: list[float | None] = []
         for completion, gold, applies_here in zip(completions, golds, applies, strict=True):
             gold_text = _gold_string(gold) if applies_here else None
-            gold_norm = _normalized_gold(self.extractor, gold_text) if gold_text is not None else None
+            gold_norm = _normalized_gold(self.gold_extractor, gold_text) if gold_text is not None else None
             if gold_norm is None:
                 scores.append(None)
                 continue
@@ -272,12 +286,16 @@ def make_string_match_reward(
     answer_column: str = "solution",
     only_label: str | None = None,
     name: str | None = None,
+    gold_extractor: str | None = None,
 ) -> StringMatchReward:
     r"""Build a string-match reward (S-RW-3).
 
     Args:
-        extractor: One of :data:`EXTRACTORS` (``boxed``, ``gsm8k``, ``last_number``, ``full``).
+        extractor: One of :data:`EXTRACTORS` (``boxed``, ``gsm8k``, ``last_number``, ``full``): how
+            the answer is found in a completion; the prompt must ask for that form.
         answer_column: The dataset column holding the gold answer.
+        gold_extractor: How the answer is found in the gold cell (default: ``extractor``), e.g.
+            ``gsm8k`` for GSM8K's ``answer`` column while completions answer in ``\boxed{}``.
         only_label: Score only rows whose ``label`` column equals this; others get None.
         name: The reward's ``__name__``, which TRL uses for its metric names
             (``rewards/<name>/mean``); defaults to ``string_match_<extractor>``.
@@ -294,12 +312,18 @@ def make_string_match_reward(
         >>> reward(prompts=["q"] * 3, completions=["#### 1,000", "#### 7", "#### 7"],
         ...        answer=["#### 1000", "#### 8", "#### 7"], label=["gsm8k", "gsm8k", "math"])
         [1.0, 0.0, None]
+        >>> boxed = make_string_match_reward("boxed", answer_column="answer", gold_extractor="gsm8k")
+        >>> boxed(prompts=["q"] * 2, completions=[r"so \boxed{1,000}.", "#### 1000"], answer=["... #### 1000"] * 2)
+        [1.0, 0.0]
     """
-    if extractor not in EXTRACTORS:
-        raise ValueError(
-            f"Unknown string-match extractor {extractor!r}. Use one of: {', '.join(sorted(EXTRACTORS))}."
-        )
-    return StringMatchReward(extractor, answer_column, only_label, name or f"string_match_{extractor}")
+    for key, value in (("extractor", extractor), ("gold_extractor", gold_extractor)):
+        if value is not None and value not in EXTRACTORS:
+            raise ValueError(
+                f"Unknown string-match {key} {value!r}. Use one of: {', '.join(sorted(EXTRACTORS))}."
+            )
+    return StringMatchReward(
+        extractor, answer_column, only_label, name or f"string_match_{extractor}", gold_extractor
+    )
 
 
 def _as_number(text: str) -> Decimal | None:

@@ -286,3 +286,21 @@ def test_against_the_shared_vllm_server(vllm_server, tmp_path, write_jsonl):
             c[0]["role"] == "assistant" and isinstance(c[0]["content"], str) for c in record["completions"]
         )
         assert set(record["per_func"]["string_match_last_number"]) <= {0.0, 1.0}
+
+
+def test_string_prompts_are_scored_as_the_chats_training_will_see(tiny_model, tmp_path, write_jsonl):
+    """One prompt rule for training and the filter (dna_factory.prompts): a string becomes a user turn."""
+    data = write_jsonl(
+        "q.jsonl", [{"question": f"What is {a} + 1?", "solution": str(a + 1)} for a in range(4)]
+    )
+    out = tmp_path / "out"
+    spec = {"path": str(data), "label": "arith", "columns": {"question": "prompt", "solution": "solution"}}
+    cfg = _config(tiny_model, data, out, datasets=[spec], system_prompt="Be brief.", num_generations=2,
+                  max_tokens=2, keep=["all_pass", "learnable", "all_fail", "unscored"])  # fmt: skip
+    run(cfg)
+    kept = [json.loads(line) for line in (out / "kept.jsonl").read_text().splitlines()]
+    assert len(kept) == 4
+    assert {row["prompt"][1]["content"] for row in kept} == {f"What is {a} + 1?" for a in range(4)}
+    assert all(row["prompt"][0] == {"role": "system", "content": "Be brief."} for row in kept)
+    with pytest.raises(DnaConfigError, match="system_prompt is set but prompts are raw text"):
+        run(_config(tiny_model, data, out, datasets=[spec], system_prompt="Be brief.", prompt_format="text"))

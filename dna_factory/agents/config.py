@@ -10,10 +10,11 @@ A GRPO recipe becomes an agent recipe with an ``environment`` and a bound on too
 
 :func:`validate_agent` runs with the other validators, before anything loads.
 :func:`agent_trainer_kwargs` is called by the stage's trainer factory once the tokenizer and
-datasets are loaded: it readies the tokenizer (``tool_calls.prepare_tokenizer``), turns
-string prompts into conversations (tools are rendered only into chat prompts) with the
-optional system prompt, builds the environment and returns ``{"tools": [...]}`` for
-``GRPOTrainer``.
+datasets are loaded: it readies the tokenizer (``tool_calls.prepare_tokenizer``), builds the
+environment and returns ``{"tools": [...]}`` for ``GRPOTrainer``. Prompts are chats by then
+(tools are rendered only into chat prompts): the runner's prompt rule (``dna_factory.prompts``)
+turns string prompts into a user turn after ``agent_system_prompt``, which is the run's
+``system_prompt`` under an agent's name.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
+from dna_factory.prompts import validate_prompt_settings
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +77,12 @@ def validate_agent(cfg: ResolvedConfig) -> None:
                 )
         return
     check_environment(agent.environment, agent.environment_options, agent.tools)
+    if agent.agent_system_prompt and cfg.get("system_prompt"):
+        raise DnaConfigError(
+            "Both system_prompt and agent_system_prompt are set; an agent's prompts have one system turn. "
+            "Keep one of the two."
+        )
+    validate_prompt_settings(cfg, needs_chat=f"environment: {agent.environment} (tool calls)")
     iterations = cfg.get("max_tool_calling_iterations")
     if iterations is None:
         raise DnaConfigError(
@@ -88,34 +96,10 @@ def validate_agent(cfg: ResolvedConfig) -> None:
         )
 
 
-def as_conversation(row: dict[str, Any], system_prompt: str | None) -> dict[str, Any]:
-    """A row whose prompt is a chat, with ``system_prompt`` first unless the chat has a system turn.
-
-    Example:
-        >>> as_conversation({"prompt": "2+2?"}, "Be brief.")["prompt"]
-        [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': '2+2?'}]
-    """
-    prompt = row["prompt"]
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    if system_prompt and not (messages and messages[0].get("role") == "system"):
-        messages = [{"role": "system", "content": system_prompt}, *messages]
-    return {"prompt": messages}
-
-
-def _conversational(dataset: Any, system_prompt: str | None) -> Any:
-    if dataset is None:
-        return None
-    first = dataset[0]["prompt"]
-    if not isinstance(first, str) and not system_prompt:
-        return dataset
-    return dataset.map(as_conversation, fn_kwargs={"system_prompt": system_prompt}, desc="agent prompts")
-
-
 def agent_trainer_kwargs(ctx: Any) -> dict[str, Any]:
     """What an agent recipe adds to ``GRPOTrainer(...)``: ``{"tools": [...]}``, or ``{}`` without one.
 
-    Readies ``ctx.tokenizer`` and replaces ``ctx.train_dataset`` / ``ctx.eval_dataset`` with
-    conversational copies (see the module docstring).
+    Readies ``ctx.tokenizer`` (see the module docstring).
 
     Args:
         ctx: The stage's :class:`~dna_factory.stages.base.StageContext`.
@@ -130,8 +114,11 @@ def agent_trainer_kwargs(ctx: Any) -> dict[str, Any]:
     if agent.environment is None:
         return {}
     prepare_tokenizer(ctx.tokenizer)
-    ctx.train_dataset = _conversational(ctx.train_dataset, agent.agent_system_prompt)
-    ctx.eval_dataset = _conversational(ctx.eval_dataset, agent.agent_system_prompt)
+    if isinstance(ctx.train_dataset[0]["prompt"], str):
+        raise DnaConfigError(
+            f"environment: {agent.environment} needs chat prompts, but the prompts are plain strings. "
+            "Use prompt_format: auto or chat with a model that has a chat template."
+        )
     environment = build_environment(agent.environment, agent.environment_options)
     tools = environment.tools(agent.tools)
     logger.info(

@@ -16,6 +16,7 @@ from trl import GRPOConfig, GRPOTrainer
 from dna_factory.agents.config import AgentArguments, agent_trainer_kwargs, validate_agent
 from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
+from dna_factory.prompts import warn_unasked_answer_formats
 from dna_factory.stages.base import Stage, StageContext
 from dna_factory.validation import dataset_columns
 
@@ -69,6 +70,7 @@ def validate_rewards(cfg: ResolvedConfig) -> None:
     columns = dataset_columns(cfg)
     if columns is not None:
         check_reward_columns(entries, columns | {"prompt", "completion"})
+    warn_unasked_answer_formats(cfg)
 
 
 def select_variant(argv: list[str]) -> Stage:

@@ -19,6 +19,8 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 from dna_factory.agents.config import AgentArguments
 from dna_factory.async_grpo import drop_overlong_prompts, server_max_model_len, setup_async_training_args
 from dna_factory.config import ResolvedConfig
+from dna_factory.errors import DnaConfigError
+from dna_factory.prompts import validate_prompt_settings
 from dna_factory.stages.base import Stage, StageContext
 from dna_factory.stages.grpo import GRPOStageArguments, validate_rewards
 
@@ -77,7 +79,11 @@ def sync_only_keys() -> dict[str, str]:
     return foreign
 
 
+ASYNC_NEEDS_CHAT = "Async GRPO (TRL's rollout worker reads every prompt as a list of chat messages)"
+
+
 def validate_async(cfg: ResolvedConfig) -> None:
+    validate_prompt_settings(cfg, needs_chat=ASYNC_NEEDS_CHAT)
     setup_async_training_args(cfg)
 
 
@@ -89,6 +95,11 @@ def build_trainer(ctx: StageContext):
     stage_args = ctx.config.of(AsyncGRPOStageArguments)
     funcs, _ = resolve_rewards(stage_args.reward_funcs)
     train_dataset = ctx.train_dataset
+    if isinstance(train_dataset[0]["prompt"], str):  # the worker would split the string into characters
+        raise DnaConfigError(
+            f"{ASYNC_NEEDS_CHAT}, but the prompts are plain strings. Use prompt_format: auto or chat with a "
+            "model that has a chat template."
+        )
     if stage_args.drop_overlong_prompts:
         max_model_len = server_max_model_len(args.vllm_server_base_url)
         if max_model_len is not None:

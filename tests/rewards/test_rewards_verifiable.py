@@ -248,3 +248,15 @@ def test_playground_answer_column():
     conversation = [{"role": "assistant", "content": "it is -4"}]
     assert reward(prompts=["q"], completions=[conversation], expected_output=["-4"]) == [1.0]
     assert reward.required_columns() == {"expected_output"}
+
+
+def test_gold_extractor_reads_gsm8k_gold_while_completions_answer_in_boxed():
+    """GSM8K states its gold as `#### 72`; a prompt asking for \\boxed{} needs the two read differently."""
+    reward = make_string_match_reward("boxed", answer_column="answer", gold_extractor="gsm8k")
+    gold = ["Natalia sold 48/2 = 24 clips in May.\n#### 72"] * 3
+    completions = ["So she sold \\boxed{72} clips.", "#### 72", "So she sold \\boxed{71} clips."]
+    assert reward(prompts=["q"] * 3, completions=completions, answer=gold) == [1.0, 0.0, 0.0]
+    same = make_string_match_reward("boxed", answer_column="answer")  # without it the gold is the whole text
+    assert same(prompts=["q"], completions=completions[:1], answer=gold[:1]) == [0.0]
+    with pytest.raises(ValueError, match="Unknown string-match gold_extractor 'hashes'"):
+        make_string_match_reward("boxed", gold_extractor="hashes")

@@ -1,0 +1,322 @@
+"""How prompts reach the model: one rule for every stage that renders them.
+
+Two settings, run-wide (:class:`PromptArguments`), and one per dataset (``prompt_template``):
+
+* ``prompt_format`` — ``auto`` (default): when the model's tokenizer has a chat template, a
+  string prompt becomes the chat ``[{"role": "user", "content": prompt}]``, so TRL renders it
+  with the template (the turn an instruct or thinking model is used with); without a template
+  strings stay raw text. ``chat`` requires a template, ``text`` keeps strings as raw
+  continuations (base models, raw-continuation tasks).
+* ``system_prompt`` — a system turn put before every chat prompt that has none (chat only).
+* ``prompt_template`` on a dataset entry — a Jinja2 template (transformers renders chat
+  templates with the same engine) that rewrites the prompt text from the row's columns, e.g.
+  ``"{{ prompt }}\\nPut the final answer within \\boxed{}."`` or MBPP's first test. For a chat
+  prompt it rewrites the content of the last user turn. Braces outside ``{{ }}`` are literal,
+  so LaTeX such as ``\\boxed{}`` needs no escaping.
+
+Per stage (after the row checks of :mod:`dna_factory.data`, before datasets are mixed, so string
+and chat datasets mix):
+
+========================== ===================================================================
+GRPO (sync, async), distill ``prompt`` string -> chat
+SFT                         ``prompt`` + ``completion`` strings -> user and assistant turns;
+                            ``messages`` get the system turn; ``text`` rows stay raw
+DPO                         ``prompt`` string -> chat; ``chosen``/``rejected`` strings -> one
+                            assistant turn each (TRL needs both sides in one format)
+========================== ===================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from dna_factory.errors import DnaConfigError
+
+logger = logging.getLogger(__name__)
+
+PROMPT_FORMATS = ("auto", "chat", "text")
+
+
+@dataclass
+class PromptArguments:
+    """Keys deciding how prompts are rendered (every stage)."""
+
+    prompt_format: Literal["auto", "chat", "text"] = field(
+        default="auto",
+        metadata={
+            "help": "auto: string prompts become a user turn of the chat template when the tokenizer has one, "
+            "else raw text. chat: always (the tokenizer must have a template). text: raw continuations. "
+            "See docs/datasets.md."
+        },
+    )
+    system_prompt: str | None = field(
+        default=None,
+        metadata={"help": "System turn put before every chat prompt that has none (needs the chat format)."},
+    )
+
+
+# --------------------------------------------------------------------------- chat template (no tokenizer load)
+
+
+def local_chat_template(model: str | None) -> bool | None:
+    """Whether the local model folder ``model`` ships a chat template; None when it is not a local folder.
+
+    Reads the files transformers reads (``chat_template.jinja``, ``chat_template.json``,
+    ``tokenizer_config.json``'s ``chat_template``) without loading a tokenizer.
+    """
+    if not model:
+        return None
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        return None
+    if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
+        return True
+    if any((path / "additional_chat_templates").glob("*.jinja")):
+        return True
+    config = path / "tokenizer_config.json"
+    if config.is_file():
+        try:
+            return bool(json.loads(config.read_text(encoding="utf-8")).get("chat_template"))
+        except (OSError, ValueError):
+            return None
+    return False
+
+
+def resolve_prompt_format(prompt_format: str, model: str | None, tokenizer: Any = None) -> str:
+    """``chat`` or ``text`` for ``prompt_format`` and the model (its folder, or a loaded tokenizer).
+
+    Raises:
+        DnaConfigError: ``chat`` asked for but the model has no chat template.
+    """
+    if prompt_format == "text":
+        return "text"
+    has_template = bool(getattr(tokenizer, "chat_template", None)) if tokenizer is not None else None
+    if has_template is None:
+        has_template = local_chat_template(model)
+    if has_template is None:  # a hub id before its tokenizer loads: assume the common case, checked later
+        return "chat"
+    if has_template:
+        return "chat"
+    if prompt_format == "chat":
+        raise DnaConfigError(
+            f"prompt_format: chat, but the tokenizer of {model} has no chat template. Use prompt_format: text "
+            "(raw continuations), or a model (or tokenizer) with a chat template."
+        )
+    return "text"
+
+
+def validate_prompt_settings(cfg: Any, *, needs_chat: str | None = None) -> None:
+    """Dry-run checks of ``prompt_format`` and ``system_prompt`` against the (local) model.
+
+    Args:
+        cfg: The resolved config.
+        needs_chat: When set, why this run needs chat prompts (async GRPO, an agent environment).
+    """
+    prompt_format = cfg.get("prompt_format", "auto")
+    model = cfg.get("model_name_or_path")
+    fmt = resolve_prompt_format(prompt_format, model)
+    if fmt == "text" and cfg.get("system_prompt"):
+        why = "prompt_format is text" if prompt_format == "text" else f"{model} has no chat template"
+        raise DnaConfigError(
+            f"system_prompt is set but {why}, so there is no system turn to put it in. Remove system_prompt, "
+            "or put the instruction into the prompts (a dataset's prompt_template)."
+        )
+    if fmt == "text" and needs_chat:
+        why = "prompt_format is text" if prompt_format == "text" else f"{model} has no chat template"
+        raise DnaConfigError(f"{needs_chat} needs chat prompts, but {why}. Use a model with a chat template.")
+
+
+# --------------------------------------------------------------------------- row rules
+
+
+def to_chat(prompt: Any, system_prompt: str | None = None) -> list[dict[str, Any]]:
+    """A prompt as a chat: a string becomes one user turn; ``system_prompt`` goes first unless there is one.
+
+    Example:
+        >>> to_chat("2+2?", "Be brief.")
+        [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': '2+2?'}]
+    """
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if system_prompt and not (messages and messages[0].get("role") == "system"):
+        messages = [{"role": "system", "content": system_prompt}, *messages]
+    return messages
+
+
+def _assistant_turn(value: Any) -> Any:
+    return [{"role": "assistant", "content": value}] if isinstance(value, str) else value
+
+
+@dataclass(frozen=True)
+class PromptRule:
+    """What :func:`apply_prompt_rule` does to a dataset: chat or text, and the system turn."""
+
+    chat: bool
+    system_prompt: str | None = None
+
+    def row(self, row: dict[str, Any], data_format: str) -> dict[str, Any]:
+        """One normalised row rendered by this rule (see the module docstring's table)."""
+        if not self.chat:
+            return row
+        out = dict(row)
+        if data_format == "sft" and row.get("messages") is not None:
+            out["messages"] = to_chat(row["messages"], self.system_prompt)
+            return out
+        if row.get("prompt") is None:  # SFT text rows, DPO rows with the prompt inside chosen/rejected
+            return out
+        out["prompt"] = to_chat(row["prompt"], self.system_prompt)
+        if data_format == "sft":
+            out["completion"] = _assistant_turn(row["completion"])
+        elif data_format == "dpo":
+            out["chosen"] = _assistant_turn(row["chosen"])
+            out["rejected"] = _assistant_turn(row["rejected"])
+        return out
+
+    def changes(self, first_row: dict[str, Any], data_format: str) -> bool:
+        """Whether mapping a dataset whose first row is ``first_row`` changes anything."""
+        return self.chat and self.row(first_row, data_format) != first_row
+
+
+def apply_prompt_rule(dataset: Any, rule: PromptRule | None, data_format: str, label: str = "") -> Any:
+    """The dataset with every row rendered by ``rule`` (unchanged when it changes nothing)."""
+    if rule is None or len(dataset) == 0 or not rule.changes(dataset[0], data_format):
+        return dataset
+    return dataset.map(lambda row: rule.row(row, data_format), desc=f"Chat prompts {label}".strip())
+
+
+# --------------------------------------------------------------------------- per-dataset templates
+
+
+@lru_cache(maxsize=64)
+def _environment():
+    from jinja2 import StrictUndefined
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    return ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
+
+
+@lru_cache(maxsize=256)
+def compile_template(source: str):
+    """The compiled Jinja2 template; raises DnaConfigError on a syntax error."""
+    from jinja2 import TemplateSyntaxError
+
+    try:
+        return _environment().from_string(source)
+    except TemplateSyntaxError as exc:
+        raise DnaConfigError(
+            f"prompt_template {source!r} is not a valid Jinja2 template: {exc.message} (line {exc.lineno}). "
+            "Columns go in {{ column }}; other braces are literal."
+        ) from None
+
+
+def template_columns(source: str) -> set[str]:
+    """Names of the row columns a template reads."""
+    from jinja2 import meta
+
+    compile_template(source)
+    return set(meta.find_undeclared_variables(_environment().parse(source)))
+
+
+def render_prompt_template(source: str, row: dict[str, Any]) -> Any:
+    """The row's prompt rewritten by the template (for a chat prompt: the last user turn's content).
+
+    Example:
+        >>> render_prompt_template("{{ prompt }} Answer in \\\\boxed{}.", {"prompt": "1+1?"})
+        '1+1? Answer in \\\\boxed{}.'
+    """
+    prompt = row.get("prompt")
+    if isinstance(prompt, list):
+        users = [i for i, m in enumerate(prompt) if m.get("role") == "user"]
+        if not users:
+            raise ValueError("`prompt` has no user turn for prompt_template to rewrite")
+        last = users[-1]
+        text = compile_template(source).render({**row, "prompt": prompt[last].get("content")})
+        messages = [dict(m) for m in prompt]
+        messages[last]["content"] = text
+        return messages
+    return compile_template(source).render(row)
+
+
+# --------------------------------------------------------------------------- does the prompt ask for the answer form?
+
+
+def _text(value: Any) -> str:
+    """The words of a prompt cell: a string, or the contents of its messages."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "\n".join(_text(m.get("content") if isinstance(m, dict) else m) for m in value)
+    return "" if value is None else str(value)
+
+
+def _prompt_source(spec: Any) -> str:
+    """The raw column that becomes ``prompt`` (after ``columns``), or ``messages``."""
+    for source, new in spec.columns or ():
+        if new == "prompt":
+            return source
+    return "prompt"
+
+
+ASK_EXAMPLES = {
+    "boxed": "{{ prompt }}\\nPlease reason step by step, and put your final answer within \\boxed{}.",
+    "gsm8k": "{{ prompt }}\\nEnd with the final answer on its own line after ####.",
+}
+
+
+def unasked_answer_formats(cfg: Any) -> list[str]:
+    """Warnings for string-match rewards whose extractor needs a marker no prompt asks for.
+
+    A reward with ``extractor: boxed`` scores only completions that write ``\\boxed{}``; when
+    neither the system prompt, nor the datasets' ``prompt_template``, nor the first rows of the
+    (local) datasets it scores mention the marker, a model is never told to write it and the
+    reward stays near 0. Cheap: reads at most a few rows per local file.
+    """
+    from dna_factory.data import parse_specs, peek_rows
+    from rewards.verifiable import ANSWER_MARKERS
+
+    entries = cfg.get("reward_funcs") or []
+    try:
+        specs = parse_specs(cfg.get("datasets"))
+    except DnaConfigError:
+        return []  # the dataset validator reports it
+    system = " ".join(str(cfg.get(k) or "") for k in ("system_prompt", "agent_system_prompt"))
+    warnings = []
+    for entry in entries:
+        if not isinstance(entry, dict) or entry.get("factory") != "string_match":
+            continue
+        extractor = entry.get("extractor", "boxed")
+        marker = ANSWER_MARKERS.get(extractor)
+        if marker is None or marker in system:
+            continue
+        label = entry.get("only_label")
+        silent, unread = [], []
+        for spec in (s for s in specs if label is None or s.label == label):
+            if spec.prompt_template and marker in spec.prompt_template:
+                continue
+            rows = peek_rows(spec) if spec.is_local else None
+            if rows is None:
+                unread.append(spec.label)
+            elif any(marker in _text(row.get(_prompt_source(spec), row.get("messages"))) for row in rows):
+                continue
+            silent.append(spec.label)
+        if not silent:
+            continue
+        where = ", ".join(silent)
+        unread_note = f" (rows of {', '.join(unread)} not scanned: not a local file)" if unread else ""
+        warnings.append(
+            f"Reward string_match (extractor: {extractor}) scores only completions that write {marker}, but neither "
+            f"system_prompt nor the prompts of dataset(s) {where}{unread_note} ask for {marker}, so the reward "
+            f"will stay near 0. Ask for it, e.g. with the dataset's prompt_template: {ASK_EXAMPLES[extractor]!r}, "
+            "or use the extractor your prompts ask for."
+        )
+    return warnings
+
+
+def warn_unasked_answer_formats(cfg: Any) -> None:
+    """Log :func:`unasked_answer_formats` as warnings (a validator: never raises)."""
+    for message in unasked_answer_formats(cfg):
+        logger.warning(message)
