@@ -236,7 +236,14 @@ def check_format_columns(spec: DatasetSpec, columns: set[str], fmt: str) -> None
             f"{FORMATS[fmt]}. Rename the columns or pick the right stage."
         )
     if spec.prompt_template is not None:
-        available = columns | ({"prompt"} if "messages" in columns and fmt in ("prompt", "grpo") else set())
+        available = set(columns)
+        if "messages" in columns and fmt in (
+            "prompt",
+            "grpo",
+        ):  # the turns before the last reply become `prompt`
+            available = (
+                (available - {"messages"}) | {"prompt"} | ({"expected_output"} if fmt == "grpo" else set())
+            )
         if "prompt" not in available:
             raise DnaConfigError(
                 f"Dataset '{spec.label}' ({spec.path}) has a prompt_template but no `prompt` column for it to "
@@ -418,7 +425,7 @@ def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42, prompt_rule
         def normalise(row, idx, spec=spec):
             try:
                 row = normalize_row(row, fmt)
-                if spec.prompt_template is not None:
+                if spec.prompt_template is not None and row.get("prompt") is not None:
                     row["prompt"] = render_prompt_template(spec.prompt_template, row)
             except (_RowError, ValueError) as exc:
                 raise DnaConfigError(
@@ -429,10 +436,12 @@ def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42, prompt_rule
                     f"Dataset '{spec.label}' ({spec.path}), row {idx}: prompt_template failed: "
                     f"{type(exc).__name__}: {exc}. Fix the template or the row."
                 ) from None
-            return prompt_rule.row(row, fmt) if prompt_rule is not None else row
+            return row
 
         remove = ["messages"] if fmt in ("prompt", "grpo") and "messages" in ds.column_names else None
         ds = ds.map(normalise, with_indices=True, remove_columns=remove, desc=f"Checking {spec.label}")
+        if prompt_rule is not None:
+            ds = prompt_rule.apply(ds, fmt, spec.label)
         if "label" in ds.column_names:
             ds = ds.remove_columns("label")
         ds = ds.add_column("label", [spec.label] * len(ds))

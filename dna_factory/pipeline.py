@@ -21,7 +21,8 @@ Each stage runs ``python <entry>.py --config <config> --model_name_or_path <prev
 --output_dir <output_dir>/<k>-<name> <overrides>`` as a subprocess, so its GPU memory is released
 before the next one starts. A finished stage leaves ``DONE.json`` (its outputs); a rerun skips
 finished stages and the interrupted one resumes from its last checkpoint (the runner's
-auto-resume). ``--dry_run`` validates every stage's config in this process, before any stage runs.
+auto-resume). ``--dry_run`` validates every stage's config in this process, before any stage runs;
+``--preview [N]`` also prints each stage's first rows as its trainer will tokenize them.
 """
 
 from __future__ import annotations
@@ -250,7 +251,7 @@ def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
             os.environ.update(stage.env)
             if stage.gpus.get("train"):
                 os.environ["CUDA_VISIBLE_DEVICES"] = stage.gpus["train"]
-            _, cfg = prepare(stage.entry, argv)
+            entry_stage, cfg = prepare(stage.entry, argv)
         except DnaConfigError as exc:
             raise DnaConfigError(
                 f"Stage {stage.index} ({stage.name}, {stage.entry}.py {stage.config}): {exc}"
@@ -270,9 +271,25 @@ def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
                 "execution": cfg.get("grpo_execution", "sync") if stage.entry == "grpo" else "-",
                 "gpus": gpus,
                 "launcher": " ".join(stage.launcher) or "python",
+                "prepared": (entry_stage, cfg),  # for --preview; not printed
             }
         )
     return rows
+
+
+def preview_stages(rows: list[dict], n: int) -> None:
+    """``--preview N`` per stage: each stage's first rows as its trainer will tokenize them (no model loads)."""
+    from dna_factory.preview import preview
+    from dna_factory.runner import load_data
+
+    for r in rows:
+        entry_stage, cfg = r["prepared"]
+        print(f"\n## Stage {r['index']} ({r['name']}, {r['entry']}.py {r['config']})")
+        try:
+            tokenizer, train_dataset, _ = load_data(entry_stage, cfg)
+        except DnaConfigError as exc:
+            raise DnaConfigError(f"Stage {r['index']} ({r['name']}): {exc}") from None
+        preview(entry_stage, cfg, tokenizer, train_dataset, n)
 
 
 def merge_adapter(out: Path) -> Path:
@@ -387,6 +404,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dry_run", action="store_true", help="Validate every stage's config and print the plan."
     )
+    parser.add_argument(
+        "--preview",
+        nargs="?",
+        const=2,
+        type=int,
+        metavar="N",
+        help="Print N rows per dataset label of every stage as its trainer will tokenize them, then exit "
+        "(each stage's tokenizer is the one of the model its chain starts from).",
+    )
     parser.add_argument("--output_dir", help="Write the pipeline here instead of the recipe's output_dir.")
     parser.add_argument(
         "--set",
@@ -412,6 +438,13 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{r['index']:<3}{r['name']:<22}{r['entry']:<9}{r['execution']:<7}{_short_launcher(r['launcher']):<28}{roles}"
             )
+        if args.preview is not None:
+            if args.preview < 1:
+                raise DnaConfigError(
+                    f"--preview takes a positive number of rows per dataset, got {args.preview}."
+                )
+            preview_stages(rows, args.preview)
+            return 0
         if args.dry_run:
             print("\n# dry run: every stage's config is valid.")
             return 0

@@ -11,18 +11,21 @@ Two settings, run-wide (:class:`PromptArguments`), and one per dataset (``prompt
 * ``prompt_template`` on a dataset entry — a Jinja2 template (transformers renders chat
   templates with the same engine) that rewrites the prompt text from the row's columns, e.g.
   ``"{{ prompt }}\\nPut the final answer within \\boxed{}."`` or MBPP's first test. For a chat
-  prompt it rewrites the content of the last user turn. Braces outside ``{{ }}`` are literal,
-  so LaTeX such as ``\\boxed{}`` needs no escaping.
+  prompt it rewrites the content of the last user turn. Only ``{{ }}``, ``{% %}`` and ``{# #}``
+  are Jinja; a lone brace is literal, so LaTeX such as ``\\boxed{}`` needs no escaping.
 
 Per stage (after the row checks of :mod:`dna_factory.data`, before datasets are mixed, so string
-and chat datasets mix):
+and chat datasets mix), decided per dataset from its column types:
 
 ========================== ===================================================================
 GRPO (sync, async), distill ``prompt`` string -> chat
 SFT                         ``prompt`` + ``completion`` strings -> user and assistant turns;
                             ``messages`` get the system turn; ``text`` rows stay raw
-DPO                         ``prompt`` string -> chat; ``chosen``/``rejected`` strings -> one
-                            assistant turn each (TRL needs both sides in one format)
+DPO                         string ``prompt``/``chosen``/``rejected`` -> one conversation (TRL
+                            needs both sides in one format); an implicit prompt (no ``prompt``)
+                            gets the system turn in ``chosen`` and ``rejected``; a string prompt
+                            beside conversational ``chosen``/``rejected`` (which repeat it, as in
+                            HuggingFaceH4/ultrafeedback_binarized) is left as TRL reads it
 ========================== ===================================================================
 """
 
@@ -147,45 +150,77 @@ def to_chat(prompt: Any, system_prompt: str | None = None) -> list[dict[str, Any
     return messages
 
 
-def _assistant_turn(value: Any) -> Any:
-    return [{"role": "assistant", "content": value}] if isinstance(value, str) else value
+def _is_string(feature: Any) -> bool:
+    return getattr(feature, "dtype", None) in ("string", "large_string")
+
+
+def _chat_feature() -> Any:
+    from datasets import List, Value
+
+    return List({"role": Value("string"), "content": Value("string")})
 
 
 @dataclass(frozen=True)
 class PromptRule:
-    """What :func:`apply_prompt_rule` does to a dataset: chat or text, and the system turn."""
+    """How a run renders prompts: chat or text, and the system turn (see the module docstring).
+
+    Which columns change is decided per dataset from its column types (:meth:`columns`), not per
+    row, so a dataset keeps one type per column whatever its rows hold (``None`` cells stay ``None``).
+    """
 
     chat: bool
     system_prompt: str | None = None
 
-    def row(self, row: dict[str, Any], data_format: str) -> dict[str, Any]:
-        """One normalised row rendered by this rule (see the module docstring's table)."""
+    def columns(self, features: Any, data_format: str) -> tuple[set[str], set[str]]:
+        """``(string columns that become chats, chat columns that get the system turn)`` for a dataset."""
         if not self.chat:
-            return row
-        out = dict(row)
-        if data_format == "sft" and row.get("messages") is not None:
-            out["messages"] = to_chat(row["messages"], self.system_prompt)
-            return out
-        if row.get("prompt") is None:  # SFT text rows, DPO rows with the prompt inside chosen/rejected
-            return out
-        out["prompt"] = to_chat(row["prompt"], self.system_prompt)
+            return set(), set()
+        strings = {name for name, feature in features.items() if _is_string(feature)}
+        chats = {name for name, feature in features.items() if not _is_string(feature)}
+        if data_format in ("grpo", "prompt"):
+            return {"prompt"} & strings, {"prompt"} & chats
         if data_format == "sft":
-            out["completion"] = _assistant_turn(row["completion"])
-        elif data_format == "dpo":
-            out["chosen"] = _assistant_turn(row["chosen"])
-            out["rejected"] = _assistant_turn(row["rejected"])
+            return {"prompt", "completion"} & strings, {"prompt", "messages"} & chats
+        if data_format == "dpo":
+            if {"chosen", "rejected"} <= strings:  # a fully string pair becomes one conversation
+                return {"prompt", "chosen", "rejected"} & strings, {"prompt"} & chats
+            if (
+                "prompt" in strings
+            ):  # a string prompt beside conversations that repeat it (ultrafeedback): as is
+                return set(), set()
+            # the prompt is a chat, or implicit (the turns chosen and rejected share)
+            return set(), ({"prompt"} & chats) or ({"chosen", "rejected"} & chats)
+        return set(), set()
+
+    def row(self, row: dict[str, Any], convert: set[str], system_to: set[str]) -> dict[str, Any]:
+        """One row with the ``convert`` columns turned into chats and the system turn added."""
+        out = dict(row)
+        for name in convert:
+            value = row.get(name)
+            if value is None:
+                continue
+            out[name] = [{"role": "user" if name == "prompt" else "assistant", "content": value}]
+        for name in (convert & {"prompt"}) | system_to:
+            if out.get(name) is not None and self.system_prompt:
+                out[name] = to_chat(out[name], self.system_prompt)
         return out
 
-    def changes(self, first_row: dict[str, Any], data_format: str) -> bool:
-        """Whether mapping a dataset whose first row is ``first_row`` changes anything."""
-        return self.chat and self.row(first_row, data_format) != first_row
-
-
-def apply_prompt_rule(dataset: Any, rule: PromptRule | None, data_format: str, label: str = "") -> Any:
-    """The dataset with every row rendered by ``rule`` (unchanged when it changes nothing)."""
-    if rule is None or len(dataset) == 0 or not rule.changes(dataset[0], data_format):
-        return dataset
-    return dataset.map(lambda row: rule.row(row, data_format), desc=f"Chat prompts {label}".strip())
+    def apply(self, dataset: Any, data_format: str, label: str = "") -> Any:
+        """The dataset rendered by this rule (the same object when nothing changes)."""
+        convert, system_to = self.columns(dataset.features, data_format)
+        if not self.system_prompt:
+            system_to = set()
+        if not convert and not system_to:
+            return dataset
+        features = dataset.features.copy()
+        for name in convert:
+            features[name] = _chat_feature()
+        return dataset.map(
+            self.row,
+            fn_kwargs={"convert": convert, "system_to": system_to},
+            features=features,
+            desc=f"Chat prompts {label}".strip(),
+        )
 
 
 # --------------------------------------------------------------------------- per-dataset templates
@@ -228,6 +263,9 @@ def render_prompt_template(source: str, row: dict[str, Any]) -> Any:
         >>> render_prompt_template("{{ prompt }} Answer in \\\\boxed{}.", {"prompt": "1+1?"})
         '1+1? Answer in \\\\boxed{}.'
     """
+    empty = sorted(c for c in template_columns(source) if row.get(c) is None)
+    if empty:
+        raise ValueError(f"column {empty[0]!r} is empty (None), and prompt_template reads it")
     prompt = row.get("prompt")
     if isinstance(prompt, list):
         users = [i for i, m in enumerate(prompt) if m.get("role") == "user"]
@@ -244,12 +282,16 @@ def render_prompt_template(source: str, row: dict[str, Any]) -> Any:
 # --------------------------------------------------------------------------- does the prompt ask for the answer form?
 
 
-def _text(value: Any) -> str:
-    """The words of a prompt cell: a string, or the contents of its messages."""
+def _asked_text(value: Any) -> str:
+    """The words a prompt cell asks with: a string, or the contents of its non-assistant turns."""
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        return "\n".join(_text(m.get("content") if isinstance(m, dict) else m) for m in value)
+        return "\n".join(
+            str(m.get("content") or "") if isinstance(m, dict) else str(m)
+            for m in value
+            if not (isinstance(m, dict) and m.get("role") == "assistant")
+        )
     return "" if value is None else str(value)
 
 
@@ -261,9 +303,26 @@ def _prompt_source(spec: Any) -> str:
     return "prompt"
 
 
-ASK_EXAMPLES = {
-    "boxed": "{{ prompt }}\\nPlease reason step by step, and put your final answer within \\boxed{}.",
-    "gsm8k": "{{ prompt }}\\nEnd with the final answer on its own line after ####.",
+def _string_match_entries(entries: Any) -> list[tuple[str, str | None, str]]:
+    """``(extractor, only_label, answer_column)`` of every string-match reward entry (names included)."""
+    found = []
+    for entry in entries or []:
+        if entry == "string_match":
+            found.append(("boxed", None, "solution"))
+        elif isinstance(entry, dict) and entry.get("factory") == "string_match":
+            found.append(
+                (
+                    entry.get("extractor", "boxed"),
+                    entry.get("only_label"),
+                    entry.get("answer_column", "solution"),
+                )
+            )
+    return found
+
+
+ASK_EXAMPLES = {  # as written in a recipe (YAML double quotes: \n is a newline, \\ one backslash)
+    "boxed": r'"{{ prompt }}\nPlease reason step by step, and put your final answer within \\boxed{}."',
+    "gsm8k": r'"{{ prompt }}\nEnd with the final answer on its own line after ####."',
 }
 
 
@@ -273,45 +332,53 @@ def unasked_answer_formats(cfg: Any) -> list[str]:
     A reward with ``extractor: boxed`` scores only completions that write ``\\boxed{}``; when
     neither the system prompt, nor the datasets' ``prompt_template``, nor the first rows of the
     (local) datasets it scores mention the marker, a model is never told to write it and the
-    reward stays near 0. Cheap: reads at most a few rows per local file.
+    reward stays near 0. Datasets the reward cannot score (another ``only_label``, no answer
+    column) are not counted. Cheap: reads at most a few rows per local JSON/JSONL/Parquet file.
     """
-    from dna_factory.data import parse_specs, peek_rows
+    from dna_factory.data import parse_specs, peek_columns, peek_rows
     from rewards.verifiable import ANSWER_MARKERS
 
-    entries = cfg.get("reward_funcs") or []
     try:
         specs = parse_specs(cfg.get("datasets"))
     except DnaConfigError:
         return []  # the dataset validator reports it
     system = " ".join(str(cfg.get(k) or "") for k in ("system_prompt", "agent_system_prompt"))
     warnings = []
-    for entry in entries:
-        if not isinstance(entry, dict) or entry.get("factory") != "string_match":
-            continue
-        extractor = entry.get("extractor", "boxed")
+    for extractor, label, answer_column in _string_match_entries(cfg.get("reward_funcs")):
         marker = ANSWER_MARKERS.get(extractor)
         if marker is None or marker in system:
             continue
-        label = entry.get("only_label")
         silent, unread = [], []
-        for spec in (s for s in specs if label is None or s.label == label):
+        for spec in specs:
+            if label is not None and spec.label != label:
+                continue
+            names = (
+                {new for _, new in spec.columns}
+                if spec.columns
+                else (peek_columns(spec) if spec.is_local else None)
+            )
+            if names is not None and answer_column not in names:
+                continue  # the reward abstains on this dataset
             if spec.prompt_template and marker in spec.prompt_template:
                 continue
             rows = peek_rows(spec) if spec.is_local else None
             if rows is None:
                 unread.append(spec.label)
-            elif any(marker in _text(row.get(_prompt_source(spec), row.get("messages"))) for row in rows):
+            elif any(
+                marker in _asked_text(row.get(_prompt_source(spec), row.get("messages"))) for row in rows
+            ):
                 continue
             silent.append(spec.label)
         if not silent:
             continue
-        where = ", ".join(silent)
-        unread_note = f" (rows of {', '.join(unread)} not scanned: not a local file)" if unread else ""
+        unread_note = (
+            f" (rows of {', '.join(unread)} not scanned: a hub dataset or a format the scan does not read)"
+        )
         warnings.append(
             f"Reward string_match (extractor: {extractor}) scores only completions that write {marker}, but neither "
-            f"system_prompt nor the prompts of dataset(s) {where}{unread_note} ask for {marker}, so the reward "
-            f"will stay near 0. Ask for it, e.g. with the dataset's prompt_template: {ASK_EXAMPLES[extractor]!r}, "
-            "or use the extractor your prompts ask for."
+            f"system_prompt nor the prompts of dataset(s) {', '.join(silent)}{unread_note if unread else ''} ask for "
+            f"{marker}, so the reward will stay near 0. Ask for it, e.g. in the dataset entry: prompt_template: "
+            f"{ASK_EXAMPLES[extractor]} (or system_prompt), or use the extractor your prompts ask for."
         )
     return warnings
 

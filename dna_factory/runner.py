@@ -22,6 +22,7 @@ from pathlib import Path
 from dna_factory.checkpoint_eval import CheckpointEvalArguments, checkpoint_eval_callbacks
 from dna_factory.config import ResolvedConfig, RunArguments, resolve
 from dna_factory.errors import DnaConfigError
+from dna_factory.preview import preview, split_preview_flag
 from dna_factory.prompts import PromptArguments, PromptRule, local_chat_template, resolve_prompt_format
 from dna_factory.stages import Stage, StageContext, get_stage
 from dna_factory.validation import run_validators
@@ -167,6 +168,12 @@ def prompt_rule(cfg: ResolvedConfig, tokenizer=None) -> PromptRule:
     model = cfg.get("model_name_or_path")
     fmt = resolve_prompt_format(args.prompt_format, model, tokenizer)
     system_prompt = args.system_prompt or cfg.get("agent_system_prompt")
+    if fmt == "text" and system_prompt:  # a hub model's template is known only once its tokenizer loads
+        raise DnaConfigError(
+            f"A system prompt is set but the tokenizer of {model} has no chat template (or prompt_format is text), "
+            "so there is no system turn to put it in. Remove it, or put the instruction into the prompts "
+            "(a dataset's prompt_template)."
+        )
     rule = PromptRule(chat=fmt == "chat", system_prompt=system_prompt if fmt == "chat" else None)
     logger.info(
         "Prompts: %s%s.",
@@ -176,9 +183,13 @@ def prompt_rule(cfg: ResolvedConfig, tokenizer=None) -> PromptRule:
     return rule
 
 
-def load_context(stage: Stage, cfg: ResolvedConfig) -> StageContext:
-    """Datasets (checked row by row), tokenizer and model settings: everything a trainer factory needs."""
-    from trl import ModelConfig, get_peft_config, get_quantization_config
+def load_data(stage: Stage, cfg: ResolvedConfig):
+    """The tokenizer and the checked, prompt-rendered train and eval mixtures (no model): ``(tok, train, eval)``.
+
+    Rows are checked before the tokenizer loads when the model is a local folder (its chat template
+    is read from the files); a hub id's tokenizer loads first, since it decides chat or text.
+    """
+    from trl import ModelConfig
 
     from dna_factory.data import load_mixture, parse_specs
 
@@ -186,9 +197,7 @@ def load_context(stage: Stage, cfg: ResolvedConfig) -> StageContext:
     model_args = cfg.of(ModelConfig)
     run_args = cfg.of(RunArguments)
     tokenizer = None
-    if (
-        local_chat_template(model_args.model_name_or_path) is None
-    ):  # a hub id: its tokenizer says chat or text
+    if local_chat_template(model_args.model_name_or_path) is None:
         tokenizer = load_tokenizer(model_args, training_args)
     rule = prompt_rule(cfg, tokenizer)
     with training_args.main_process_first(desc="dataset loading"):
@@ -206,12 +215,22 @@ def load_context(stage: Stage, cfg: ResolvedConfig) -> StageContext:
     logger.info("Training mixture: %d rows, columns %s", len(train_dataset), train_dataset.column_names)
     if tokenizer is None:
         tokenizer = load_tokenizer(model_args, training_args)
+    return tokenizer, train_dataset, eval_dataset
+
+
+def load_context(stage: Stage, cfg: ResolvedConfig) -> StageContext:
+    """Datasets (checked row by row), tokenizer and model settings: everything a trainer factory needs."""
+    from trl import ModelConfig, get_peft_config, get_quantization_config
+
+    training_args = cfg.of(stage.config_class)
+    model_args = cfg.of(ModelConfig)
+    tokenizer, train_dataset, eval_dataset = load_data(stage, cfg)
     training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
     return StageContext(
         config=cfg,
         training_args=training_args,
         model_args=model_args,
-        run_args=run_args,
+        run_args=cfg.of(RunArguments),
         tokenizer=tokenizer,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
@@ -269,7 +288,13 @@ def _print_help(stage: Stage) -> None:
 
     from dna_factory.config import _type_name, field_types
 
-    print(f"usage: python {stage.name}.py --config RECIPE.yaml [--key value ...] [--dry_run]\n")
+    print(
+        f"usage: python {stage.name}.py --config RECIPE.yaml [--key value ...] [--dry_run] [--preview [N]]\n"
+    )
+    print(
+        "--preview [N]: load the datasets and the tokenizer, print N rows per dataset label as the trainer "
+        "tokenizes them (loss mask, chat template, tools), and exit before any model loads.\n"
+    )
     print(f"Layers: configs/_defaults-{stage.defaults}.yaml < --config RECIPE < command-line flags.\n")
     seen: set[str] = set()
     for cls in dataclass_types(stage):
@@ -295,6 +320,12 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
         _print_help(get_stage(stage_name))
         return 0
     try:
+        argv, preview_rows = split_preview_flag(argv)
+        if preview_rows is not None:  # GPU recipes preview on any machine, as they dry-run
+            stage, cfg = prepare(stage_name, [*argv, "--dry_run"])
+            tokenizer, train_dataset, _ = load_data(stage, cfg)
+            preview(stage, cfg, tokenizer, train_dataset, preview_rows)
+            return 0
         stage, cfg = prepare(stage_name, argv)
         if cfg.of(RunArguments).dry_run:
             print(cfg.render(), end="")

@@ -99,6 +99,36 @@ def validate_distributed_env(cfg: ResolvedConfig) -> None:
             )
 
 
+GPU_INSTALL = "pip install -e '.[gpu]'"
+
+
+def gpu_packages_needed(cfg: ResolvedConfig) -> list[tuple[str, str, str]]:
+    """``(package, the key that needs it, the way out)`` for each package the recipe's GPU paths import."""
+    needed = []
+    if cfg.get("grpo_execution") == "async":
+        if cfg.get("tree_attention") == "fa3":
+            needed.append(("kernels", "tree_attention: fa3 (TRL loads FlashAttention-3 through it)",
+                           "or use tree_attention: sdpa"))  # fmt: skip
+        if cfg.get("weight_sync") == "nccl":
+            needed.append(("vllm", "weight_sync: nccl (TRL's NCCL weight transfer is vLLM's)",
+                           "or use weight_sync: file"))  # fmt: skip
+    elif cfg.get("use_vllm"):
+        needed.append(("vllm", "use_vllm: true (TRL's vLLM generation)", "or set use_vllm: false"))
+    return needed
+
+
+def validate_gpu_packages(cfg: ResolvedConfig) -> None:
+    """A recipe whose attention or weight-sync path needs a package that is not installed fails now, by name."""
+    import importlib.util
+
+    for package, why, alternative in gpu_packages_needed(cfg):
+        if importlib.util.find_spec(package) is None:
+            raise DnaConfigError(
+                f"{why} needs the `{package}` package, which is not installed. {GPU_INSTALL} installs what the "
+                f"GPU recipes need ({alternative})."
+            )
+
+
 COMMON_VALIDATORS = (
     validate_model,
     validate_resume,
@@ -106,6 +136,7 @@ COMMON_VALIDATORS = (
     validate_distributed_env,
     validate_checkpoint_eval,
     validate_prompt_settings,
+    validate_gpu_packages,
 )
 
 

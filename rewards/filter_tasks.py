@@ -29,7 +29,7 @@ import os
 import sys
 import time
 from collections import Counter, defaultdict
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -328,14 +328,23 @@ async def _score_all(cfg, dataset, todo, funcs, weights, log, backend) -> _Metri
     return metrics
 
 
-def prompt_rule_of(cfg: FilterTasksConfig):
-    """The training stages' prompt rule (dna_factory.prompts), so rows are scored as they will be trained."""
-    from dna_factory.prompts import PromptRule, resolve_prompt_format
+def prompt_rule_of(cfg: FilterTasksConfig, load_tokenizer: bool = False):
+    """The training stages' prompt rule (dna_factory.prompts), so rows are scored as they will be trained.
+
+    A local model folder's chat template is read from its files; a hub id's tokenizer is loaded when
+    ``load_tokenizer`` (the run; the dry run assumes chat). A server is asked for chat.
+    """
+    from dna_factory.prompts import PromptRule, local_chat_template, resolve_prompt_format
 
     if cfg.prompt_format not in ("auto", "chat", "text"):
         _fail(f"prompt_format is {cfg.prompt_format!r}. Use auto, chat or text.")
     model = cfg.model if cfg.backend != "server" else None  # a served name says nothing about templates
-    chat = resolve_prompt_format(cfg.prompt_format, model) == "chat"
+    tokenizer = None
+    if load_tokenizer and model and cfg.prompt_format != "text" and local_chat_template(model) is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    chat = resolve_prompt_format(cfg.prompt_format, model, tokenizer) == "chat"
     if cfg.system_prompt and not chat:
         _fail("system_prompt is set but prompts are raw text (prompt_format: text, or a model without a chat "
               "template). Remove system_prompt or use a chat model.")  # fmt: skip
@@ -372,7 +381,10 @@ def run(cfg: FilterTasksConfig) -> dict[str, Any]:
 
     specs, funcs, weights = validate(cfg)
     out = Path(cfg.output_dir)
-    dataset = load_mixture(specs, "grpo", seed=cfg.seed, prompt_rule=prompt_rule_of(cfg))
+    # Generation sees the prompts as training will (templates, chat, system turn); kept.jsonl gets the rows
+    # as the datasets hold them, so training on it with the same recipe renders them once, not twice.
+    dataset = load_mixture(specs, "grpo", seed=cfg.seed, prompt_rule=prompt_rule_of(cfg, load_tokenizer=True))
+    source = load_mixture([replace(spec, prompt_template=None) for spec in specs], "grpo", seed=cfg.seed)
     keys = [prompt_key(i, prompt) for i, prompt in enumerate(dataset["prompt"])]
     with ScoreLog(out / OUTPUT_FILES["scored"], fingerprint(settings_of(cfg))) as log:
         todo = [(i, key) for i, key in enumerate(keys) if key not in log]
@@ -401,7 +413,7 @@ def run(cfg: FilterTasksConfig) -> dict[str, Any]:
     kept = [i for i, key in enumerate(keys) if key in records and records[key]["class"] in keep]
     write_atomic(
         out / OUTPUT_FILES["kept"],
-        (json.dumps(dataset[i], ensure_ascii=False, default=str) + "\n" for i in kept),
+        (json.dumps(source[i], ensure_ascii=False, default=str) + "\n" for i in kept),
     )
     counts = Counter(record["class"] for record in records.values())
     by_label: dict[str, Counter] = defaultdict(Counter)

@@ -289,18 +289,21 @@ def test_against_the_shared_vllm_server(vllm_server, tmp_path, write_jsonl):
 
 
 def test_string_prompts_are_scored_as_the_chats_training_will_see(tiny_model, tmp_path, write_jsonl):
-    """One prompt rule for training and the filter (dna_factory.prompts): a string becomes a user turn."""
-    data = write_jsonl(
-        "q.jsonl", [{"question": f"What is {a} + 1?", "solution": str(a + 1)} for a in range(4)]
-    )
+    """One prompt rule for training and the filter (dna_factory.prompts): a string prompt is generated from
+    as a user turn (the completions come back as chat turns); kept.jsonl holds the rows as the dataset does,
+    so training on it with the same recipe applies the template and the system turn once."""
+    questions = [f"What is {a} + 1?" for a in range(4)]
+    data = write_jsonl("q.jsonl", [{"question": q, "solution": str(a + 1)} for a, q in enumerate(questions)])
     out = tmp_path / "out"
-    spec = {"path": str(data), "label": "arith", "columns": {"question": "prompt", "solution": "solution"}}
+    spec = {"path": str(data), "label": "arith", "columns": {"question": "prompt", "solution": "solution"},
+            "prompt_template": "{{ prompt }} Answer with a number."}  # fmt: skip
     cfg = _config(tiny_model, data, out, datasets=[spec], system_prompt="Be brief.", num_generations=2,
-                  max_tokens=2, keep=["all_pass", "learnable", "all_fail", "unscored"])  # fmt: skip
+                  max_tokens=2, save_completions=True, keep=["all_pass", "learnable", "all_fail", "unscored"])  # fmt: skip
     run(cfg)
+    assert all(
+        isinstance(c, list) and c[0]["role"] == "assistant" for r in _records(out) for c in r["completions"]
+    )
     kept = [json.loads(line) for line in (out / "kept.jsonl").read_text().splitlines()]
-    assert len(kept) == 4
-    assert {row["prompt"][1]["content"] for row in kept} == {f"What is {a} + 1?" for a in range(4)}
-    assert all(row["prompt"][0] == {"role": "system", "content": "Be brief."} for row in kept)
+    assert sorted(row["prompt"] for row in kept) == sorted(questions)
     with pytest.raises(DnaConfigError, match="system_prompt is set but prompts are raw text"):
         run(_config(tiny_model, data, out, datasets=[spec], system_prompt="Be brief.", prompt_format="text"))

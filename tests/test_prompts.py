@@ -182,3 +182,72 @@ def test_prompt_template_errors_name_the_dataset_before_anything_loads(gsm8k_fil
         prepare("grpo", ["--config", str(recipe("{{ prompt }} {{ tests[0] }}")), "--dry_run"])
     with pytest.raises(DnaConfigError, match="is not a valid Jinja2 template"):
         prepare("grpo", ["--config", str(recipe("{{ prompt }")), "--dry_run"])
+
+
+def test_async_trainer_factory_refuses_string_prompts(gsm8k_file, write_yaml, tiny_model):
+    """The last guard (a hub model whose missing template shows only once loaded): before the worker starts."""
+    import datasets
+
+    recipe = _grpo_recipe(
+        write_yaml, gsm8k_file, grpo_execution="async", tree_attention="sdpa", weight_sync="file",
+        vllm_server_base_url="http://127.0.0.1:9",
+    )  # fmt: skip
+    stage, cfg = prepare("grpo", ["--config", str(recipe)])
+    ctx = load_context(stage, cfg)
+    ctx.train_dataset = datasets.Dataset.from_list(
+        [{"prompt": QUESTION, "answer": "#### 48", "label": "gsm8k"}]
+    )
+    with pytest.raises(DnaConfigError, match="the prompts are plain strings"):
+        stage.build_trainer(ctx)
+
+
+def test_sft_messages_get_the_system_turn_and_mixed_row_kinds_keep_one_type(
+    write_jsonl, write_yaml, tiny_model
+):
+    """1,001 rows: the first writer batch holds only `messages` rows, the last row is a prompt-completion pair."""
+    chat = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}
+    data = write_jsonl("mixed.jsonl", [chat] * 1000 + [{"prompt": "What is 2 + 3?", "completion": "5"}])
+    recipe = write_yaml(
+        "sft.yaml",
+        {"model_name_or_path": "artifacts/tiny/student", "datasets": [str(data)], "use_cpu": True,
+         "report_to": "none", "system_prompt": "Answer briefly."},
+    )  # fmt: skip
+    rows = _context("sft", recipe).train_dataset.to_list()
+    assert rows[0]["messages"][0] == {"role": "system", "content": "Answer briefly."}
+    assert rows[0]["prompt"] is None
+    assert rows[-1]["messages"] is None
+    assert rows[-1]["prompt"][0]["content"] == "Answer briefly."
+    assert rows[-1]["prompt"][1] == {"role": "user", "content": "What is 2 + 3?"}
+    assert rows[-1]["completion"] == [{"role": "assistant", "content": "5"}]
+
+
+def test_dpo_implicit_prompts_get_the_system_turn_and_ultrafeedback_rows_stay_as_trl_reads_them(
+    write_jsonl, write_yaml, tiny_model
+):
+    def dpo(rows, **extra):
+        recipe = write_yaml(
+            "dpo.yaml",
+            {"model_name_or_path": "artifacts/tiny/student", "datasets": [str(write_jsonl("dpo.jsonl", rows))],
+             "use_cpu": True, "report_to": "none", **extra},
+        )  # fmt: skip
+        return _context("dpo", recipe).train_dataset[0]
+
+    user = {"role": "user", "content": "2 + 3?"}
+    implicit = {"chosen": [user, {"role": "assistant", "content": "5"}], "rejected": [user, {"role": "assistant", "content": "6"}]}  # fmt: skip
+    row = dpo([implicit], system_prompt="Be brief.")
+    assert row["chosen"][0] == row["rejected"][0] == {"role": "system", "content": "Be brief."}
+    assert row["chosen"][1:] == implicit["chosen"]
+    h4 = {"prompt": "2 + 3?", **implicit}  # HuggingFaceH4/ultrafeedback_binarized: the prompt is repeated
+    row = dpo([h4])
+    assert row["prompt"] == "2 + 3?" and row["chosen"] == implicit["chosen"]
+
+
+def test_a_template_reading_an_empty_cell_is_a_row_error(write_jsonl, write_yaml, tiny_model):
+    data = write_jsonl(
+        "rows.jsonl", [{"question": "2 + 3?", "hint": "add"}, {"question": "4 + 4?", "hint": None}]
+    )
+    spec = {"path": str(data), "columns": {"question": "prompt", "hint": "hint"}, "prompt_template": "{{ prompt }} ({{ hint }})"}  # fmt: skip
+    recipe = _grpo_recipe(write_yaml, data, datasets=[spec])
+    recipe.write_text(recipe.read_text().replace("answer_column: answer", "answer_column: hint"))
+    with pytest.raises(DnaConfigError, match=r"row 1: column 'hint' is empty \(None\)"):
+        _context("grpo", recipe)

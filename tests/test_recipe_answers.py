@@ -94,6 +94,7 @@ class Report:
     """What the check found for one recipe."""
 
     rows: int = 0
+    ifeval_rows: int = 0
     gold_full: int = 0
     wrong_zero: int = 0
     applies: int = 0
@@ -166,12 +167,10 @@ def check_recipe(recipe_path: Path, out_dir: Path) -> Report:
         assert all(isinstance(p, list) for p in prompts), "prompts must reach the trainer as chats"
         forms = [asked_format(p) for p in prompts]
         report.forms |= set(forms)
-        if only_ifeval:
+        if only_ifeval:  # no reference responses: the reward must apply (known instructions, its columns)
             scored = _score(funcs, prompts, [[{"role": "assistant", "content": "ok"}]] * len(rows), columns)
-            report.rows += len(rows)
+            report.ifeval_rows += len(rows)
             report.applies += sum(bool(s) for s in scored)
-            report.gold_full += sum(bool(s) for s in scored)
-            report.wrong_zero += len(rows)
             continue
         values = [str(a) for a in answers]
         wrong = values[1:] + values[:1] if forms[0] == "code" else [wrong_value(v) for v in values]
@@ -201,15 +200,13 @@ def check_recipe(recipe_path: Path, out_dir: Path) -> Report:
 def test_shipped_recipe_scores_gold_answers_written_as_its_prompt_asks(recipe, tmp_path, tiny_model):
     report = check_recipe(recipe, tmp_path)
     data = yaml.safe_load(recipe.read_text())
-    if (
-        not report.rows
-    ):  # only datasets without offline rows (CodeContests): the instruction must name the block
+    if report.ifeval_rows:  # IFEval states its constraints in its prompts; no reference responses exist
+        assert report.applies >= 0.99 * report.ifeval_rows, (report.applies, report.ifeval_rows)
+        return
+    if not report.rows:  # only datasets without offline rows (CodeContests): the instruction must ask
         assert all(d["path"] in NO_OFFLINE_TWIN for d in data["datasets"]), "no row was checked"
-        assert _factories(data) == {"code_execution"}
-        assert (
-            asked_format([{"content": data.get("agent_system_prompt") or data.get("system_prompt")}])
-            == "code"
-        )
+        instruction = data.get("agent_system_prompt") or data.get("system_prompt")
+        assert _factories(data) == {"code_execution"} and asked_format([{"content": instruction}]) == "code"
         return
     assert report.gold_rate >= 0.99, (report.gold_rate, report.forms, report.failures)
     assert report.wrong_zero == report.rows, (report.wrong_zero, report.rows, report.failures)
@@ -294,3 +291,25 @@ def test_dry_run_warns_when_no_prompt_asks_for_the_extractors_marker(tmp_path, c
             "grpo", ["--config", str(_grpo_recipe(tmp_path, twin)), "--system_prompt", "Answer in \\boxed{}."]
         )
     assert not [r for r in caplog.records if "scores only completions that write" in r.getMessage()]
+
+
+def test_dry_run_warning_reads_only_what_the_prompt_asks(tmp_path, caplog, write_jsonl, tiny_model):
+    """A `\\boxed` in the gold reply of a `messages` row is not an instruction; a bare `- string_match` counts."""
+    from dna_factory.runner import prepare
+
+    rows = [{"messages": [{"role": "user", "content": "2 + 3?"}, {"role": "assistant", "content": "\\boxed{5}"}],
+             "solution": "5"}]  # fmt: skip
+    recipe = {
+        "model_name_or_path": "artifacts/tiny/student",
+        "datasets": [{"path": str(write_jsonl("chat.jsonl", rows)), "label": "chat"}],
+        "reward_funcs": ["string_match"],
+        "use_cpu": True,
+    }
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    with caplog.at_level(logging.WARNING):
+        prepare("grpo", ["--config", str(path), "--dry_run"])
+    warned = [
+        r.getMessage() for r in caplog.records if "scores only completions that write" in r.getMessage()
+    ]
+    assert len(warned) == 1 and "dataset(s) chat" in warned[0], warned
