@@ -56,6 +56,7 @@ import logging
 import time
 
 import torch
+from accelerate.utils import is_peft_model
 from transformers import TrainerCallback
 from trl import DistillationTrainer
 from trl.kernels import ChunkedLogProbFunction
@@ -147,6 +148,28 @@ def selective_logprobs(
         )
     # masked_scatter keeps the output connected to the graph even when nothing is masked in.
     return logps.new_zeros(mask.shape).masked_scatter(mask, logps)
+
+
+def completion_logprobs(model, inputs: dict) -> torch.Tensor:
+    """``log π(y_t | x, y_<t)`` of every completion token of ``inputs`` (0 on padding), with gradient.
+
+    Args:
+        model: the student (a PEFT model or a plain causal LM).
+        inputs: ``prompt_ids``, ``prompt_mask`` (left-padded), ``completion_ids``, ``completion_mask`` (right-padded).
+    """
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    unwrapped = model.base_model.model if is_peft_model(model) else model
+    width = inputs["completion_ids"].size(1)
+    hidden = unwrapped.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    hidden = hidden.last_hidden_state[:, :-1][:, -width:]
+    return selective_logprobs(
+        hidden,
+        unwrapped.get_output_embeddings(),
+        inputs["completion_ids"],
+        inputs["completion_mask"].bool(),
+        unwrapped.config,
+    )
 
 
 # --------------------------------------------------------------------------- per-step metrics
