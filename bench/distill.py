@@ -12,9 +12,10 @@ over the inputs:
 
 * ``local_teacher``: TRL's chunked generalized JSD (``beta: 1``, reverse KL), exactly what the
   stage trains, vs a naive ``log_softmax`` of the full ``(tokens, vocab)`` logits of both models;
-* ``server_teacher``: the sampled-token OPD loss with TRL's chunked log-probability
-  (:func:`dna_factory.distillation.selective_logprobs`) vs ``log_softmax`` of the full logits
-  then ``gather``.
+* ``server_teacher``: the sampled-token OPD loss with the student's log-probabilities from
+  TRL's fused LM head (``ChunkedLogProbFunction``, the kernel ``add_fused_lm_head`` runs and
+  :func:`dna_factory.distillation.completion_logprobs` trains with) vs ``log_softmax`` of the
+  full logits then ``gather``.
 
 Both pairs must give the same loss (relative difference printed). A naive run that would not
 fit in the memory available is not started; its peak is then extrapolated linearly in the
@@ -68,13 +69,11 @@ def _inputs(tokens: int, vocab: int, hidden: int, device: str):
 def _compute(method: str, tokens: int, vocab: int, hidden: int, device: str) -> float:
     """Forward + backward of one loss; returns its value."""
     import torch
+    from trl.kernels import ChunkedLogProbFunction
     from trl.trainer.distillation_trainer import _chunked_divergence_loss
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
 
-    from dna_factory.distillation import (
-        importance_sampling_loss,
-        sampled_token_advantages,
-        selective_logprobs,
-    )
+    from dna_factory.distillation import importance_sampling_loss, sampled_token_advantages
 
     h_s, h_t, w_s, w_t, targets, teacher_logps = _inputs(tokens, vocab, hidden, device)
     _reset_peak(device)
@@ -90,11 +89,9 @@ def _compute(method: str, tokens: int, vocab: int, hidden: int, device: str) -> 
         loss = (log_s.exp() * (log_s - log_t)).sum(-1).mean()
     elif method in ("server_teacher/project", "server_teacher/naive"):
         if method.endswith("project"):
-            head = torch.nn.Linear(hidden, vocab, bias=False, device="meta")
-            head.weight = torch.nn.Parameter(w_s, requires_grad=False)  # a frozen base, as with LoRA
-            config = _Config()
-            logps = selective_logprobs(
-                h_s[None], head, targets[None], torch.ones(1, tokens, dtype=torch.bool), config
+            # The call add_fused_lm_head makes (temperature 1, no soft-cap, scale 1); w_s frozen, as with LoRA.
+            logps = ChunkedLogProbFunction.apply(
+                h_s, w_s, None, targets, 1.0, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, ("log_probs",)
             )[0]
         else:
             logps = torch.log_softmax(h_s @ w_s.T, -1).gather(-1, targets[:, None])[:, 0]
@@ -108,13 +105,6 @@ def _compute(method: str, tokens: int, vocab: int, hidden: int, device: str) -> 
     seconds = time.perf_counter() - started
     print(json.dumps({"value": loss.item(), "seconds": seconds, "peak_bytes": _peak(device) - baseline}))
     return loss.item()
-
-
-class _Config:
-    """The two logit attributes selective_logprobs reads, for a bare lm_head."""
-
-    def get_text_config(self):
-        return self
 
 
 def _reset_peak(device: str) -> None:

@@ -44,9 +44,8 @@ TRL touch points — private API of TRL 1.16.0, all in this module and
 :mod:`dna_factory.teacher_server`, guarded by ``tests/test_distill.py::test_trl_canary``:
 ``DistillationTrainer._generate_and_score_completions`` (overridden, calls ``super()``; its
 output keys ``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``,
-``num_items_in_batch``), ``._get_last_hidden_state``, ``._forward_redirection``,
-``._metrics``, ``trl.kernels.ChunkedLogProbFunction.apply``'s argument order,
-``trl.trainer.utils.maybe_gather_lm_head_ctx``, and
+``num_items_in_batch``), ``._metrics``, ``trl.trainer.utils.add_fused_lm_head`` (its
+``fused_lm_head=True`` forward returning ``log_probs`` shifted by one), and
 ``VLLMClient.get_sequence_logprobs``'s ``actual_logprobs``.
 """
 
@@ -56,17 +55,14 @@ import logging
 import time
 
 import torch
-from accelerate.utils import is_peft_model
+from accelerate.utils import extract_model_from_parallel, is_peft_model
 from transformers import TrainerCallback
 from trl import DistillationTrainer
-from trl.kernels import ChunkedLogProbFunction
-from trl.trainer.utils import maybe_gather_lm_head_ctx
+from trl.trainer.utils import add_fused_lm_head
 
 logger = logging.getLogger(__name__)
 
 TRL_VERSION = "1.16.0"
-VOCAB_CHUNK = 32768
-"""Vocabulary columns projected at once by the chunked log-probability (TRL's fused head uses the same)."""
 
 
 # --------------------------------------------------------------------------- the maths
@@ -115,61 +111,43 @@ def importance_sampling_loss(
     return -(ratio * advantages * mask).sum() / num_items
 
 
-def selective_logprobs(
-    hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, mask: torch.Tensor, config
-) -> torch.Tensor:
-    """``log softmax(hidden @ W.T)[target]`` at the masked positions, zero elsewhere; never builds ``(N, vocab)``.
+def use_fused_lm_head(model) -> None:
+    """Give the student TRL's fused LM head once (``add_fused_lm_head``, temperature 1: untempered log-probs).
 
-    TRL's chunked kernel projects ``VOCAB_CHUNK`` vocabulary columns at a time and folds them
-    into an online log-sum-exp, so memory is ``O(N · VOCAB_CHUNK)`` instead of ``O(N · vocab)``.
+    TRL's head reads every logit convention a config can carry (``logit_scale``, ``output_multiplier``,
+    ``lm_head_multiplier``, ``logits_scaling`` as a divisor or, for HyperCLOVA X, a multiplier, and
+    ``final_logit_softcapping``), gathers FSDP2-sharded heads, and projects the vocabulary in
+    chunks, so ``(tokens, vocab)`` logits are never materialised. Generation is unaffected: the
+    patched forward is the original one unless called with ``fused_lm_head=True``.
 
     Args:
-        hidden: last hidden states aligned with ``targets`` (``hidden[b, t]`` predicts ``targets[b, t]``), ``(B, T, H)``.
-        lm_head: the model's output embedding (``get_output_embeddings()``).
-        targets: token ids ``(B, T)``; mask: bool ``(B, T)``; config: the model config (logit scale, softcapping).
+        model: the student, bare, PEFT-wrapped or wrapped by accelerate (DDP, FSDP, ``torch.compile``).
     """
-    text_config = config.get_text_config()
-    logit_scale = getattr(text_config, "logit_scale", None)
-    softcap = getattr(text_config, "final_logit_softcapping", None)
-    weight, bias = lm_head.weight, lm_head.bias
-    hidden = hidden.to(weight.device)
-    mask = mask.to(weight.device)
-    with maybe_gather_lm_head_ctx(weight, bias):
-        logps, *_ = ChunkedLogProbFunction.apply(
-            hidden[mask],
-            weight,
-            bias,
-            targets.to(weight.device)[mask],
-            1.0,
-            VOCAB_CHUNK,
-            softcap,
-            1.0 if logit_scale is None else logit_scale,
-            (),
-        )
-    # masked_scatter keeps the output connected to the graph even when nothing is masked in.
-    return logps.new_zeros(mask.shape).masked_scatter(mask, logps)
+    base = extract_model_from_parallel(model)
+    base = base.get_base_model() if is_peft_model(base) else base
+    if not getattr(base, "_dna_fused_lm_head", False):
+        add_fused_lm_head(base, temperature=1.0, outputs=("log_probs",))
+        base._dna_fused_lm_head = True
 
 
 def completion_logprobs(model, inputs: dict) -> torch.Tensor:
     """``log π(y_t | x, y_<t)`` of every completion token of ``inputs`` (0 on padding), with gradient.
 
+    One forward through ``model`` itself (so DDP/FSDP hooks and LoRA layers act) with TRL's fused
+    LM head; prompt and padding positions are labelled ``-100`` and never projected on GPUs.
+
     Args:
-        model: the student (a PEFT model or a plain causal LM).
+        model: the student, as for :func:`use_fused_lm_head`.
         inputs: ``prompt_ids``, ``prompt_mask`` (left-padded), ``completion_ids``, ``completion_mask`` (right-padded).
     """
+    use_fused_lm_head(model)
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    unwrapped = model.base_model.model if is_peft_model(model) else model
-    width = inputs["completion_ids"].size(1)
-    hidden = unwrapped.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    hidden = hidden.last_hidden_state[:, :-1][:, -width:]
-    return selective_logprobs(
-        hidden,
-        unwrapped.get_output_embeddings(),
-        inputs["completion_ids"],
-        inputs["completion_mask"].bool(),
-        unwrapped.config,
-    )
+    scored = torch.cat([torch.zeros_like(inputs["prompt_mask"]), inputs["completion_mask"]], dim=1).bool()
+    labels = input_ids.masked_fill(~scored, -100)
+    output = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
+    # log_probs[:, i] scores input_ids[:, i + 1]: the completion is the last completion-width columns.
+    return output.log_probs[:, -inputs["completion_ids"].size(1) :]
 
 
 # --------------------------------------------------------------------------- per-step metrics
@@ -233,6 +211,7 @@ class SampledTokenOPDTrainer(_CompletionThroughputMixin, DistillationTrainer):
         self.teacher = teacher
         self.kl_coef = kl_coef
         self._kl_moments = torch.zeros(3, dtype=torch.float64)  # Σ d_t, Σ d_t², token count of the step
+        use_fused_lm_head(self.model)
         if self.temperature != 1.0:
             logger.warning(
                 "temperature is %g: the student samples from a tempered distribution while d_t compares the "
@@ -261,21 +240,6 @@ class SampledTokenOPDTrainer(_CompletionThroughputMixin, DistillationTrainer):
         output["teacher_logps"] = teacher_logps.to(output["completion_ids"].device)
         return output
 
-    def _completion_logps(self, unwrapped, inputs) -> torch.Tensor:
-        """``log π_θ(y_t | x, y_<t)`` for every completion token (0 on padding), with gradient."""
-        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        hidden = self._get_last_hidden_state(
-            unwrapped, input_ids, attention_mask, inputs["completion_ids"].size(1)
-        )
-        return selective_logprobs(
-            hidden,
-            unwrapped.get_output_embeddings(),
-            inputs["completion_ids"],
-            inputs["completion_mask"].bool(),
-            unwrapped.config,
-        )
-
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mask = inputs["completion_mask"].float()
         if self.model.training and inputs.get("num_items_in_batch") is not None:
@@ -284,9 +248,7 @@ class SampledTokenOPDTrainer(_CompletionThroughputMixin, DistillationTrainer):
             num_items = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
         else:
             num_items = mask.sum().clamp(min=1.0)
-        unwrapped = self.accelerator.unwrap_model(model)
-        # Through the DDP/FSDP wrapper's forward, so gradient hooks and sharded parameters behave.
-        logps = self._forward_redirection(model, unwrapped, self._completion_logps, unwrapped, inputs)
+        logps = completion_logprobs(model, inputs)
         old_logps = logps.detach()
         teacher_logps = inputs["teacher_logps"].to(logps.device)
         d, advantages = sampled_token_advantages(old_logps, teacher_logps, self.kl_coef)

@@ -59,9 +59,8 @@ def _step_logs(out: Path) -> list[dict]:
 def test_trl_canary():
     """The private TRL 1.16.0 API distillation.py / teacher_server.py rely on. If this fails, re-check them."""
     from trl.generation.vllm_client import VLLMClient
-    from trl.kernels import ChunkedLogProbFunction
     from trl.trainer.distillation_trainer import _chunked_divergence_loss
-    from trl.trainer.utils import maybe_gather_lm_head_ctx
+    from trl.trainer.utils import FusedCausalLMOutput, add_fused_lm_head
 
     assert trl.__version__ == TRL_VERSION, f"distillation.py was written against TRL {TRL_VERSION}"
     D = trl.DistillationTrainer
@@ -69,28 +68,13 @@ def test_trl_canary():
     source = inspect.getsource(D._generate_and_score_completions)
     for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "num_items_in_batch"):
         assert f'"{key}": {key}' in source, key
-    assert list(inspect.signature(D._get_last_hidden_state).parameters)[:5] == [
-        "self",
-        "unwrapped_model",
-        "input_ids",
-        "attention_mask",
-        "logits_to_keep",
-    ]
-    assert "self._forward_redirection = _ForwardRedirection()" in inspect.getsource(D.__init__)
     assert "self._metrics = {" in inspect.getsource(D.__init__)
     assert "beta" in inspect.signature(_chunked_divergence_loss).parameters
-    assert list(inspect.signature(ChunkedLogProbFunction.forward).parameters)[1:10] == [
-        "hidden",
-        "weight",
-        "bias",
-        "targets",
-        "temperature",
-        "chunk_size",
-        "final_logit_softcapping",
-        "logit_scale",
-        "outputs",
-    ]
-    assert callable(maybe_gather_lm_head_ctx)
+    # completion_logprobs: the fused forward takes labels and returns log_probs of labels[:, 1:] (temperature 1).
+    assert {"temperature", "outputs"} <= set(inspect.signature(add_fused_lm_head).parameters)
+    fused = inspect.getsource(add_fused_lm_head)
+    assert "labels = labels[:, 1:]" in fused and "lm_head_multiplier" in fused and "logits_scaling" in fused
+    assert "log_probs" in FusedCausalLMOutput.__dataclass_fields__
     params = inspect.signature(VLLMClient.get_sequence_logprobs).parameters
     assert {"sequences", "prompt_lengths", "top_logprobs", "chunk_size", "max_concurrent_requests"} <= set(
         params
