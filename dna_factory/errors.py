@@ -8,3 +8,11 @@ traceback.
 
 class DnaConfigError(ValueError):
     """A problem with the recipe, the CLI flags or the input data, found before training."""
+
+
+class DnaServiceError(DnaConfigError):
+    """An external service (a vLLM server, the teacher, a judge) is unreachable, stalled or refusing.
+
+    Printed like a config error (one line, exit 2): the fix is on the user's side — start the
+    server, fix its URL, give it more time — and the message says which.
+    """

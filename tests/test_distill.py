@@ -15,11 +15,9 @@ OpenMP threads spinning against the server's engine thread make each step ~20x s
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import math
-import threading
 import time
 from pathlib import Path
 
@@ -36,8 +34,8 @@ from dna_factory.distillation import (
 from dna_factory.errors import DnaConfigError
 from dna_factory.runner import load_context, prepare
 from dna_factory.teacher_server import TeacherScoringError, TeacherServer
-from dna_factory.vllm_server import free_port
 from tests.conftest import REPO, run_cli
+from tests.teacher_fixtures import FaultyTeacher
 
 RECIPE = "configs/Distill/tiny-cpu.yaml"
 SHIPPED = sorted((REPO / "configs" / "Distill").glob("*.yaml"))
@@ -319,100 +317,6 @@ def test_local_teacher_recipe_trains_3_steps(tmp_path, tiny_model, tiny_teacher)
 
 
 # --------------------------------------------------------------------------- teacher server: fault injection
-
-
-class FaultyTeacher:
-    """A real aiohttp server speaking vLLM's API; ``mode`` injects one fault into the scoring answers.
-
-    Logprob of token ``t`` at any position: ``−0.1·(t mod 13 + 1)`` (so the known-sequence probe is
-    self-consistent); ``/tokenize`` uses the student's own tokenizer.
-    """
-
-    def __init__(self, tokenizer, mode: str = "honest", delay_s: float = 0.0) -> None:
-        self.tokenizer, self.mode, self.delay_s = tokenizer, mode, delay_s
-        self.in_flight = self.max_in_flight = self.scoring_requests = 0
-        self.loop = asyncio.new_event_loop()
-        self.port = 0
-
-    @staticmethod
-    def logprob(token: int) -> float:
-        return -0.1 * (token % 13 + 1)
-
-    def _positions(self, ids: list[int]) -> list[dict | None]:
-        entries = [{str(t): {"logprob": self.logprob(t), "rank": 1}} for t in ids]
-        if self.mode == "next_token":
-            return entries[1:] + [None]
-        positions = [None] + entries[1:]
-        if self.mode == "short":
-            return positions[:-1]
-        if self.mode == "none_inside":
-            positions[-2] = None
-        return positions
-
-    async def _completions(self, request):
-        from aiohttp import web
-
-        body = await request.json()
-        if (
-            "logprobs" in body and body["logprobs"] is not None
-        ):  # the position-convention probe samples token 7
-            choice = {"logprobs": {"tokens": ["token_id:7"], "token_logprobs": [self.logprob(7)]}}
-            return web.json_response({"choices": [choice]})
-        self.scoring_requests += 1
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            await asyncio.sleep(self.delay_s)
-            prompts = body["prompt"] if isinstance(body["prompt"][0], list) else [body["prompt"]]
-            return web.json_response({"choices": [{"prompt_logprobs": self._positions(p)} for p in prompts]})
-        finally:
-            self.in_flight -= 1
-
-    async def _tokenize(self, request):
-        from aiohttp import web
-
-        body = await request.json()
-        return web.json_response({"tokens": self.tokenizer.encode(body["prompt"], add_special_tokens=False)})
-
-    def __enter__(self):
-        from aiohttp import web
-
-        app = web.Application()
-
-        async def health(request):
-            return web.Response(text="ok")
-
-        async def models(request):
-            return web.json_response({"data": [{"id": "faulty-teacher"}]})
-
-        app.router.add_get("/health", health)
-        app.router.add_get("/v1/models", models)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/tokenize", self._tokenize)
-        self.runner = web.AppRunner(app)
-        started = threading.Event()
-        self.port = free_port()
-
-        async def serve():
-            await self.runner.setup()
-            await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-            started.set()
-
-        self.thread = threading.Thread(
-            target=lambda: (self.loop.run_until_complete(serve()), self.loop.run_forever())
-        )
-        self.thread.start()
-        assert started.wait(10)
-        return self
-
-    def __exit__(self, *exc):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
 
 
 @pytest.fixture(scope="module")

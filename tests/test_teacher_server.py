@@ -1,0 +1,71 @@
+"""The teacher server client under faults: every request bounded, retried with back-off, and failing clearly.
+
+Real HTTP against :class:`tests.teacher_fixtures.FaultyTeacher` (aiohttp); no model loads.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dna_factory.errors import DnaConfigError, DnaServiceError
+from dna_factory.teacher_server import TeacherServer
+from tests.teacher_fixtures import FaultyTeacher
+
+
+@pytest.fixture(scope="module")
+def student_tokenizer(tiny_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+FAST = {"request_timeout_s": 0.5, "retries": 2, "backoff_s": 0.0}
+
+
+def test_a_stalled_teacher_fails_within_the_bound_after_its_retries(student_tokenizer):
+    with FaultyTeacher(student_tokenizer, "stall", delay_s=3.0) as server:
+        teacher = TeacherServer(server.url, **FAST)
+        started = time.perf_counter()
+        with pytest.raises(DnaServiceError, match=r"did not answer .*within 0\.5 s.* 3 tries"):
+            teacher.score([[1, 2, 3]], [[20, 21]])
+        elapsed = time.perf_counter() - started
+        assert server.scoring_requests == 3  # the first try and two retries
+    assert elapsed < 2.9  # never waited for the stalled answer (3 s)
+
+
+def test_transient_server_errors_are_retried(student_tokenizer):
+    with FaultyTeacher(student_tokenizer, "flaky", failures=2) as server:
+        scores = TeacherServer(server.url, **FAST).score([[1, 2, 3]], [[20, 21]])
+        assert server.scoring_requests == 3
+    assert scores == [[FaultyTeacher.logprob(20), FaultyTeacher.logprob(21)]]
+
+
+def test_a_failing_server_is_one_clear_error_naming_the_status(student_tokenizer):
+    with FaultyTeacher(student_tokenizer, "flaky", failures=100) as server:
+        with pytest.raises(DnaServiceError, match=r"HTTP 503 .*after 3 tries.*overloaded"):
+            TeacherServer(server.url, **FAST).score([[1, 2, 3]], [[20, 21]])
+        assert server.scoring_requests == 3
+
+
+def test_a_sequence_over_the_teachers_max_model_len_names_both_lengths_before_sending(student_tokenizer):
+    with FaultyTeacher(student_tokenizer, max_model_len=8) as server:
+        teacher = TeacherServer(server.url, **FAST)
+        with pytest.raises(DnaConfigError, match=r"10 tokens \(prompt 6 \+ completion 4\).*max_model_len 8"):
+            teacher.score([[1, 2, 3], [1, 2, 3, 4, 5, 6]], [[20], [20, 21, 22, 23]])
+        assert server.scoring_requests == 0
+
+
+def test_the_servers_400_for_an_over_long_sequence_names_both_lengths(student_tokenizer):
+    with FaultyTeacher(student_tokenizer, max_model_len=8, advertise_max_model_len=False) as server:
+        teacher = TeacherServer(server.url, **FAST)
+        with pytest.raises(DnaConfigError, match=r"10 tokens \(prompt 6 \+ completion 4\).*max_model_len 8"):
+            teacher.score([[1, 2, 3, 4, 5, 6]], [[20, 21, 22, 23]])
+        assert server.scoring_requests == 1  # a 400 is not retried
+
+
+def test_a_server_without_tokenize_is_a_config_error(student_tokenizer):
+    with FaultyTeacher(student_tokenizer, "no_tokenize") as server:
+        with pytest.raises(DnaConfigError, match=r"has no /tokenize endpoint \(HTTP 404\)"):
+            TeacherServer(server.url, **FAST).check_alignment(student_tokenizer)
