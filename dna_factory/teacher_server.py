@@ -27,10 +27,14 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Sequence
 from urllib.parse import urlparse
 
-from dna_factory.errors import DnaConfigError
+import requests
+
+from dna_factory.errors import DnaConfigError, DnaServiceError
+from dna_factory.services import RETRY_STATUSES, bound_session, wait_for_health
 
 logger = logging.getLogger(__name__)
 
@@ -88,11 +92,20 @@ def completion_logprobs(
 class TeacherServer:
     """A vLLM OpenAI-compatible server hosting the teacher.
 
+    Every request is bounded: ``request_timeout_s`` per try (connect and each read), ``retries``
+    more tries with ``urllib3`` back-off for connection errors, read timeouts and transient
+    statuses (:data:`~dna_factory.services.RETRY_STATUSES`), then one clear error
+    (:class:`~dna_factory.errors.DnaServiceError`). A sequence longer than the teacher's
+    ``max_model_len`` is a :class:`~dna_factory.errors.DnaConfigError` naming both lengths.
+
     Args:
         url: the server's address, ``http://host:port`` (``/v1`` optional).
         max_concurrent_requests: most HTTP requests in flight while a batch is scored.
         sequences_per_request: rollouts per HTTP request.
         timeout_s: how long to wait for the server's ``/health`` at start-up.
+        request_timeout_s: seconds one try of a request may take.
+        retries: tries after the first one.
+        backoff_s: back-off factor between tries.
     """
 
     def __init__(
@@ -102,32 +115,94 @@ class TeacherServer:
         max_concurrent_requests: int = 8,
         sequences_per_request: int = 1,
         timeout_s: float = 60.0,
+        request_timeout_s: float = 300.0,
+        retries: int = 3,
+        backoff_s: float = 2.0,
     ) -> None:
         from trl.generation.vllm_client import VLLMClient
 
         self.url = server_root(url)
         self.max_concurrent_requests = max_concurrent_requests
         self.sequences_per_request = sequences_per_request
-        try:
-            self.client = VLLMClient(base_url=self.url, connection_timeout=timeout_s)
-        except ConnectionError as exc:
-            raise DnaConfigError(
-                f"The teacher server at {self.url} did not answer /health within {timeout_s:g} s ({exc}). Start it "
-                "first (python -m vllm.entrypoints.openai.api_server --model TEACHER --port PORT) or fix "
-                "teacher_server_url."
-            ) from None
+        self.request_timeout_s = request_timeout_s
+        self.tries = retries + 1
+        wait_for_health(
+            self.url,
+            "teacher server",
+            timeout_s,
+            "python -m vllm.entrypoints.openai.api_server --model TEACHER --port PORT",
+            "teacher_server_timeout",
+        )
+        # /health answered: TRL's own check passes at once; then every request of its session is bounded.
+        self.client = VLLMClient(base_url=self.url, connection_timeout=0.0)
+        bound_session(
+            self.client.session, request_timeout_s, retries, backoff_s, max(10, max_concurrent_requests)
+        )
+        listed = self._get("/v1/models")["data"][0]
         self.model = self.client.model
-        logger.info("Teacher server %s serves %r.", self.url, self.model)
+        self.max_model_len = listed.get("max_model_len")
+        logger.info(
+            "Teacher server %s serves %r (max_model_len %s); requests time out after %g s, %d tries.",
+            self.url,
+            self.model,
+            self.max_model_len,
+            request_timeout_s,
+            self.tries,
+        )
+
+    def _failed(self, path: str, exc: requests.RequestException) -> DnaServiceError:
+        """The error for a request that got no answer on any try."""
+        reason = getattr(exc.args[0], "reason", None) if exc.args else None
+        timed_out = isinstance(exc, requests.Timeout) or "timed out" in str(reason or exc).lower()
+        if timed_out:
+            what = f"did not answer {path} within {self.request_timeout_s:g} s on any of {self.tries} tries"
+            fix = "Check the server's log and load, or raise teacher_request_timeout"
+        else:
+            what = f"could not be reached for {path} on any of {self.tries} tries ({type(reason or exc).__name__})"
+            fix = "Check that the server is still running (its log) and that teacher_server_url is right"
+        return DnaServiceError(f"The teacher server {self.url} {what}. {fix}.")
+
+    def _status_error(self, path: str, status: int, text: str) -> DnaServiceError:
+        tries = f" (after {self.tries} tries)" if status in RETRY_STATUSES else ""
+        return DnaServiceError(
+            f"The teacher server {self.url} answered {path} with HTTP {status}{tries}: {text[:500].strip()}. "
+            "Check the server's log."
+        )
+
+    def _get(self, path: str) -> dict:
+        try:
+            response = self.client.session.get(f"{self.url}{path}")
+        except requests.RequestException as exc:
+            raise self._failed(path, exc) from None
+        if response.status_code != 200:
+            raise self._status_error(path, response.status_code, response.text)
+        return response.json()
 
     def _post(self, path: str, payload: dict) -> dict:
-        response = self.client.session.post(
-            f"{self.url}{path}", json={"model": self.model, **payload}, timeout=120
-        )
-        if response.status_code != 200:
-            raise TeacherScoringError(
-                f"The teacher server answered {path} with HTTP {response.status_code}: {response.text[:500]}"
+        try:
+            response = self.client.session.post(f"{self.url}{path}", json={"model": self.model, **payload})
+        except requests.RequestException as exc:
+            raise self._failed(path, exc) from None
+        if response.status_code == 404 and path == "/tokenize":
+            raise DnaConfigError(
+                f"The teacher server {self.url} has no /tokenize endpoint (HTTP 404), which the tokenizer alignment "
+                "check needs. Serve the teacher with vLLM's OpenAI-compatible server "
+                "(python -m vllm.entrypoints.openai.api_server), which has it."
             )
+        if response.status_code != 200:
+            raise self._status_error(path, response.status_code, response.text)
         return response.json()
+
+    def _too_long(self, prompt_ids, completion_ids, limit: int) -> DnaConfigError | None:
+        """The error for the longest sequence when it exceeds ``limit`` tokens, else None."""
+        p, c = max(zip(prompt_ids, completion_ids, strict=True), key=lambda pc: len(pc[0]) + len(pc[1]))
+        if len(p) + len(c) <= limit:
+            return None
+        return DnaConfigError(
+            f"A scoring sequence of {len(p) + len(c)} tokens (prompt {len(p)} + completion {len(c)}) is longer than "
+            f"the teacher's max_model_len {limit} ({self.url}). Restart the teacher with --max-model-len at least "
+            "the student's longest prompt + max_completion_length, or shorten the prompts or max_completion_length."
+        )
 
     # ------------------------------------------------------------------ scoring
 
@@ -149,16 +224,34 @@ class TeacherServer:
         result: list[list[float]] = [[] for _ in completion_ids]
         if not scored:
             return result
+        if self.max_model_len and (error := self._too_long(prompt_ids, completion_ids, self.max_model_len)):
+            raise error
         sequences = [list(prompt_ids[i]) + list(completion_ids[i]) for i in scored]
         lengths = [len(prompt_ids[i]) for i in scored]
-        answer = self.client.get_sequence_logprobs(
-            sequences=sequences,
-            prompt_lengths=lengths,
-            top_logprobs=0,  # only the scored token itself: the sampled-token estimator needs nothing else
-            temperature=1.0,
-            chunk_size=self.sequences_per_request,
-            max_concurrent_requests=self.max_concurrent_requests,
-        )
+        try:
+            answer = self.client.get_sequence_logprobs(
+                sequences=sequences,
+                prompt_lengths=lengths,
+                top_logprobs=0,  # only the scored token itself: the sampled-token estimator needs nothing else
+                temperature=1.0,
+                chunk_size=self.sequences_per_request,
+                max_concurrent_requests=self.max_concurrent_requests,
+            )
+        except requests.RequestException as exc:
+            raise self._failed("/v1/completions", exc) from None
+        except Exception as exc:  # TRL's client raises a bare Exception("Request failed: STATUS, TEXT")
+            failed = re.fullmatch(r"Request failed: (\d+), (.*)", str(exc), flags=re.S)
+            if failed is None:
+                raise
+            status, text = int(failed[1]), failed[2]
+            limit = re.search(r"maximum context length is (\d+)", text)
+            if (
+                status == 400
+                and limit
+                and (error := self._too_long(prompt_ids, completion_ids, int(limit[1])))
+            ):
+                raise error from None
+            raise self._status_error("/v1/completions", status, text) from None
         for i, actual in zip(scored, answer["actual_logprobs"], strict=True):
             values = [row[0] if row else None for row in actual]
             result[i] = completion_logprobs(values, completion_ids[i], i)

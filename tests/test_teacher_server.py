@@ -66,6 +66,8 @@ def test_the_servers_400_for_an_over_long_sequence_names_both_lengths(student_to
 
 
 def test_a_server_without_tokenize_is_a_config_error(student_tokenizer):
-    with FaultyTeacher(student_tokenizer, "no_tokenize") as server:
-        with pytest.raises(DnaConfigError, match=r"has no /tokenize endpoint \(HTTP 404\)"):
-            TeacherServer(server.url, **FAST).check_alignment(student_tokenizer)
+    with (
+        FaultyTeacher(student_tokenizer, "no_tokenize") as server,
+        pytest.raises(DnaConfigError, match=r"has no /tokenize endpoint \(HTTP 404\)"),
+    ):
+        TeacherServer(server.url, **FAST).check_alignment(student_tokenizer)

@@ -65,6 +65,20 @@ class DistillStageArguments:
     teacher_server_timeout: float = field(
         default=60.0, metadata={"help": "server_teacher: seconds to wait for the teacher server's /health."}
     )
+    teacher_request_timeout: float = field(
+        default=300.0,
+        metadata={
+            "help": "server_teacher: seconds one try of a scoring request may take before it is retried "
+            "(a stalled teacher fails the run after teacher_retries more tries instead of hanging it)."
+        },
+    )
+    teacher_retries: int = field(
+        default=3,
+        metadata={
+            "help": "server_teacher: tries after the first for a scoring request that timed out, could not "
+            "connect or got HTTP 429/500/502/503/504 (with exponential back-off); then one clear error."
+        },
+    )
     opd_kl_coef: float = field(
         default=1.0,
         metadata={
@@ -123,6 +137,11 @@ def validate_mode(cfg: ResolvedConfig) -> None:
                 raise DnaConfigError(
                     f"{key} must be at least 1. Use e.g. 8 for concurrency and 1 per request."
                 )
+        for key in ("teacher_server_timeout", "teacher_request_timeout"):
+            if not cfg.get(key, 1.0) > 0:
+                raise DnaConfigError(f"{key} must be > 0 seconds (it bounds a wait). Use e.g. 60 or 300.")
+        if cfg.get("teacher_retries", 0) < 0:
+            raise DnaConfigError("teacher_retries must be >= 0 (0: fail at the first timeout). Use e.g. 3.")
     if teacher and looks_local(teacher) and not Path(teacher).expanduser().exists():
         hint = " Build it with python scripts/make_tiny_model.py --size teacher --out " + teacher
         raise DnaConfigError(
@@ -218,6 +237,8 @@ def build_trainer(ctx: StageContext):
         max_concurrent_requests=stage_args.teacher_max_concurrent_requests,
         sequences_per_request=stage_args.teacher_sequences_per_request,
         timeout_s=stage_args.teacher_server_timeout,
+        request_timeout_s=stage_args.teacher_request_timeout,
+        retries=stage_args.teacher_retries,
     )
     teacher.check_alignment(ctx.tokenizer)  # the served tokenizer (/tokenize) is the one that matters
     return SampledTokenOPDTrainer(teacher=teacher, kl_coef=stage_args.opd_kl_coef, **common)
