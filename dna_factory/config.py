@@ -243,8 +243,28 @@ def _coerce(value: Any, tp: Any, strict: bool) -> Any:
     return value
 
 
+PEFT_PATTERN_KEYS = ("lora_target_modules", "lora_target_parameters")
+"""TRL types these ``list[str]`` but PEFT also takes one string: ``all-linear`` or a regex over full module names."""
+_REGEX_CHARACTERS = frozenset("*+?()[]{}|^$\\")
+
+
+def _peft_pattern(value: Any) -> str | None:
+    """``value`` as PEFT's single-string form when it is ``all-linear`` or a regex (one string, or a one-item list)."""
+    if isinstance(value, list | tuple) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, str) and (value.lower() == "all-linear" or _REGEX_CHARACTERS & set(value)):
+        return value
+    return None
+
+
 def coerce_value(key: str, value: Any, tp: Any, source: str) -> Any:
-    """Check ``value`` against the field type; raise DnaConfigError naming key, value and type."""
+    """Check ``value`` against the field type; raise DnaConfigError naming key, value and type.
+
+    ``lora_target_modules: all-linear`` and regex targets (``".*_proj"``) stay one string, as PEFT
+    needs them (a list item is matched as a module-name suffix, so ``[all-linear]`` matches nothing).
+    """
+    if key in PEFT_PATTERN_KEYS and (pattern := _peft_pattern(value)) is not None:
+        return pattern
     try:
         return _coerce(value, tp, strict=False)
     except _Mismatch:

@@ -98,9 +98,35 @@ def check_tokenizers(
     return len(probes)
 
 
-def local_teacher_encoder(path: str, revision: str | None = None, trust_remote_code: bool = False):
-    """``encode`` of the teacher's tokenizer loaded from ``path`` (no special tokens added)."""
+def compare_vocabularies(student_tokenizer, teacher_tokenizer, teacher_name: str) -> int:
+    """Raise DnaConfigError unless both tokenizers map exactly the same strings to the same ids (added tokens too).
+
+    Complete where the probes are a sample: two local tokenizers can agree on every probe text and
+    still give a rare token another id. A dictionary comparison of a 150k vocabulary takes milliseconds.
+
+    Returns:
+        The vocabulary size.
+    """
+    student, teacher = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    if student == teacher:
+        return len(student)
+    moved = sorted((k for k in student.keys() & teacher.keys() if student[k] != teacher[k]), key=student.get)
+    only_student = sorted(student.keys() - teacher.keys(), key=student.get)
+    only_teacher = sorted(teacher.keys() - student.keys(), key=teacher.get)
+    examples = [f"{k!r}: student {student[k]}, teacher {teacher[k]}" for k in moved[:3]]
+    examples += [f"{k!r} only in the student ({student[k]})" for k in only_student[:2]]
+    examples += [f"{k!r} only in the teacher ({teacher[k]})" for k in only_teacher[:2]]
+    raise DnaConfigError(
+        f"The student's and the teacher's vocabularies differ: {len(moved)} tokens have other ids, "
+        f"{len(only_student)} are only in the student and {len(only_teacher)} only in the teacher "
+        f"(teacher {teacher_name}; e.g. {'; '.join(examples)}). On-policy distillation compares log-probabilities "
+        "of the same token ids, so both models must share one tokenizer. Use a teacher from the student's model "
+        "family (same vocabulary and special tokens)."
+    )
+
+
+def load_local_tokenizer(path: str, revision: str | None = None, trust_remote_code: bool = False):
+    """The teacher's tokenizer from ``path`` (a directory or a hub id)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
-    return lambda text: tokenizer.encode(text, add_special_tokens=False)
+    return AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)

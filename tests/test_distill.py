@@ -244,7 +244,7 @@ def mismatched_teacher(tmp_path_factory):
 
 
 GUARDS = [
-    (["--lora_target_modules", "q_proj", "lm_head"], "lora_target_modules contains lm_head"),
+    (["--lora_target_modules", "q_proj", "lm_head"], "puts an adapter on lm_head"),
     (["--peft_type", "prompt_tuning"], "prompt_tuning (PromptTuning) is a prompt-learning method"),
     (["--peft_type", "PrefixTuning"], "PrefixTuning (PrefixTuning) is a prompt-learning method"),
     (["--peft_type", "p_tuning"], "p_tuning (P-Tuning) is a prompt-learning method"),
@@ -276,13 +276,24 @@ def test_a_peft_guard_exits_2_under_dry_run_before_any_model_loads(tiny_model, t
     assert "Loading weights" not in proc.stderr
 
 
-def test_mismatched_tokenizer_names_the_first_differing_probe(mismatched_teacher, tiny_model):
+def test_mismatched_local_tokenizer_exits_2_naming_the_vocabulary_difference(mismatched_teacher, tiny_model):
     proc = run_cli(
         "distill.py", "--config", RECIPE, "--dry_run", "--teacher_model_name_or_path", str(mismatched_teacher)
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "tokenizers disagree on the English probe" in proc.stderr
+    assert "vocabularies differ: " in proc.stderr and "tokens have other ids" in proc.stderr
     assert "Loading weights" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_mismatched_tokenizer_names_the_first_differing_probe(mismatched_teacher, student_tokenizer):
+    """The probes are what a server teacher is checked with (its /tokenize); the first differing one is named."""
+    from transformers import AutoTokenizer
+
+    from dna_factory.tokenizer_alignment import check_tokenizers
+
+    teacher = AutoTokenizer.from_pretrained(mismatched_teacher)
+    with pytest.raises(DnaConfigError, match="tokenizers disagree on the English probe"):
+        check_tokenizers(student_tokenizer, lambda t: teacher.encode(t, add_special_tokens=False), "teacher")
 
 
 def test_tokenizer_probes_cover_languages_code_and_template_specials(tiny_model):

@@ -168,16 +168,28 @@ def validate_peft(cfg: ResolvedConfig) -> None:
     if not cfg.get("use_peft"):
         return
     # lora_modules_to_save: [lm_head] is fine: PEFT's trainable copy is what lm_head.weight then returns.
-    for key_name in ("lora_target_modules", "lora_target_parameters"):
-        modules = cfg.get(key_name) or []
-        modules = [modules] if isinstance(modules, str) else modules
-        if any("lm_head" in m.split(".") for m in modules):
+    # PEFT's own matcher decides: a regex string, 'all-linear' (which PEFT expands without the output layer),
+    # or list items matched as module-name suffixes.
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    targets = cfg.get("lora_target_modules")
+    if targets is not None and str(targets).lower() != "all-linear":
+        matched = check_target_module_exists(LoraConfig(target_modules=targets), "lm_head")
+        if matched and matched.__class__.__name__ != "_ExcludedModule":
             raise DnaConfigError(
-                f"{key_name} contains lm_head. The distillation loss projects hidden states with lm_head.weight "
-                "directly (chunked over the vocabulary), so an adapter on the head would never receive a gradient "
-                "and the run would silently train nothing there. Remove lm_head; adapt the attention projections "
-                "(q_proj, k_proj, v_proj, o_proj) instead."
+                f"lora_target_modules {targets!r} puts an adapter on lm_head (as PEFT matches it). The distillation "
+                "loss projects hidden states with lm_head.weight directly (chunked over the vocabulary), so an "
+                "adapter on the head would never receive a gradient and the run would silently train nothing there. "
+                "Exclude lm_head; adapt the attention projections (q_proj, k_proj, v_proj, o_proj) instead."
             )
+    parameters = cfg.get("lora_target_parameters") or []
+    parameters = [parameters] if isinstance(parameters, str) else parameters
+    if any("lm_head" in p.split(".") for p in parameters):
+        raise DnaConfigError(
+            "lora_target_parameters contains lm_head. The distillation loss projects hidden states with "
+            "lm_head.weight directly, so an adapter there would never receive a gradient. Remove lm_head."
+        )
 
 
 def _both_tokenizers_local(cfg: ResolvedConfig) -> bool:
@@ -192,17 +204,45 @@ def validate_tokenizers(cfg: ResolvedConfig) -> None:
 
 
 def _check_local_tokenizers(student: str, teacher: str, cfg: ResolvedConfig, student_tokenizer=None) -> None:
-    from transformers import AutoTokenizer
-
-    from dna_factory.tokenizer_alignment import check_tokenizers, local_teacher_encoder
+    """Full vocabularies (ids of every token), then the probe encodings (normalisation, pre-tokenisation)."""
+    from dna_factory.tokenizer_alignment import check_tokenizers, compare_vocabularies, load_local_tokenizer
 
     trust = bool(cfg.get("trust_remote_code", False))
     if student_tokenizer is None:
-        student_tokenizer = AutoTokenizer.from_pretrained(
-            student, revision=cfg.get("model_revision"), trust_remote_code=trust
+        student_tokenizer = load_local_tokenizer(student, cfg.get("model_revision"), trust)
+    teacher_tokenizer = load_local_tokenizer(teacher, cfg.get("teacher_model_revision"), trust)
+    compare_vocabularies(student_tokenizer, teacher_tokenizer, teacher)
+    check_tokenizers(
+        student_tokenizer, lambda text: teacher_tokenizer.encode(text, add_special_tokens=False), teacher
+    )
+
+
+def _vocab_size(path: str, revision: str | None, trust: bool) -> int | None:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust)
+    return getattr(config.get_text_config(), "vocab_size", None)
+
+
+def check_vocab_sizes(cfg: ResolvedConfig) -> None:
+    """local_teacher: the two heads must have the same number of rows (read from config.json, no weights)."""
+    student, teacher = cfg.get("model_name_or_path"), cfg.get("teacher_model_name_or_path")
+    trust = bool(cfg.get("trust_remote_code", False))
+    s = _vocab_size(student, cfg.get("model_revision"), trust)
+    t = _vocab_size(teacher, cfg.get("teacher_model_revision"), trust)
+    if s is not None and t is not None and s != t:
+        raise DnaConfigError(
+            f"The student has vocab_size {s} ({student}) but the teacher has vocab_size {t} ({teacher}): the same "
+            "tokenizer with embeddings padded to another size. distill_mode: local_teacher compares the two full "
+            "next-token distributions row by row, so the sizes must match. Use a teacher with the student's "
+            "vocab_size, or distill_mode: server_teacher, which scores only the sampled token ids."
         )
-    encode = local_teacher_encoder(teacher, cfg.get("teacher_model_revision"), trust)
-    check_tokenizers(student_tokenizer, encode, teacher)
+
+
+def validate_vocab_sizes(cfg: ResolvedConfig) -> None:
+    """S-OPD-4 under --dry_run, when both models are local (hub ids: at start-up, before either model loads)."""
+    if cfg.get("distill_mode", "local_teacher") == "local_teacher" and _both_tokenizers_local(cfg):
+        check_vocab_sizes(cfg)
 
 
 # --------------------------------------------------------------------------- trainer
@@ -217,10 +257,11 @@ def build_trainer(ctx: StageContext):
     common = ctx.trainer_kwargs()
     teacher_path = args.teacher_model_name_or_path
     if stage_args.distill_mode == "local_teacher":
-        if not _both_tokenizers_local(ctx.config):  # otherwise validate_tokenizers has compared them already
+        if not _both_tokenizers_local(ctx.config):  # otherwise the validators have compared them already
             _check_local_tokenizers(
                 ctx.model_args.model_name_or_path, teacher_path, ctx.config, ctx.tokenizer
             )
+            check_vocab_sizes(ctx.config)
         if args.teacher_model_init_kwargs is None:
             # The teacher loads like the student (dtype, attention) unless the recipe says otherwise.
             args.teacher_model_init_kwargs = {
@@ -250,6 +291,6 @@ STAGE = Stage(
     config_class=DistillationConfig,
     data_format="prompt",
     build_trainer=build_trainer,
-    validators=(validate_mode, validate_peft, validate_tokenizers),
+    validators=(validate_mode, validate_peft, validate_tokenizers, validate_vocab_sizes),
     extra_dataclasses=(DistillStageArguments,),
 )
