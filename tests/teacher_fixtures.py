@@ -8,8 +8,8 @@ self-consistent; ``/tokenize`` uses the student's own tokenizer. ``mode`` inject
 * ``stall``: scoring requests never answer in time (``delay_s``), counted in ``scoring_requests``;
 * ``flaky``: the first ``failures`` scoring requests answer HTTP 503, then honest answers;
 * ``no_tokenize``: ``/tokenize`` answers 404, as a server that is not vLLM's;
-* ``unnormalised``: the probe's logprobs are raw logits (positive values), as
-  ``--logprobs-mode raw_logits`` gives.
+* ``unnormalised``: every reported value is a logit (logprob + 4, positive), consistently in the
+  sample and the prompt logprobs, as ``--logprobs-mode raw_logits`` gives.
 
 Sequences longer than ``max_model_len`` (listed in ``/v1/models`` as vLLM does, unless
 ``advertise_max_model_len`` is false) get vLLM's HTTP 400.
@@ -47,8 +47,12 @@ class FaultyTeacher:
     def logprob(token: int) -> float:
         return -0.1 * (token % 13 + 1)
 
+    def value(self, token: int) -> float:
+        """What the server reports for ``token``: its logprob, or a logit (logprob + 4) when unnormalised."""
+        return self.logprob(token) + (4.0 if self.mode == "unnormalised" else 0.0)
+
     def _positions(self, ids: list[int]) -> list[dict | None]:
-        entries = [{str(t): {"logprob": self.logprob(t), "rank": 1}} for t in ids]
+        entries = [{str(t): {"logprob": self.value(t), "rank": 1}} for t in ids]
         if self.mode == "next_token":
             return entries[1:] + [None]
         positions = [None] + entries[1:]
@@ -64,8 +68,7 @@ class FaultyTeacher:
         body = await request.json()
         if body.get("logprobs") is not None:  # the position-convention probe samples token 7
             self.probe_bodies.append(body)
-            value = 3.5 if self.mode == "unnormalised" else self.logprob(7)
-            choice = {"logprobs": {"tokens": ["token_id:7"], "token_logprobs": [value]}}
+            choice = {"logprobs": {"tokens": ["token_id:7"], "token_logprobs": [self.value(7)]}}
             return web.json_response({"choices": [choice]})
         prompts = body["prompt"] if isinstance(body["prompt"][0], list) else [body["prompt"]]
         if body.get("prompt_logprobs") not in (None, 0) and len(prompts) == 1 and len(prompts[0]) == 3:

@@ -7,6 +7,8 @@ weights: every check must decide from those files alone, under ``--dry_run``).
 from __future__ import annotations
 
 import json
+import logging
+import re
 import shutil
 
 import pytest
@@ -83,3 +85,33 @@ def test_all_linear_reaches_peft_as_its_shorthand_and_passes_the_guard(tiny_mode
     assert cfg.get("lora_target_modules") == "all-linear"
     model_args = cfg.of(ModelConfig)
     assert get_peft_config(model_args).target_modules == "all-linear"
+
+
+# --------------------------------------------------------------------------- off-policy sampling (server teacher)
+
+SERVER = ["--distill_mode", "server_teacher", "--teacher_server_url", "http://127.0.0.1:9"]
+OFF_POLICY = [
+    (["--temperature", "0.7"], "temperature 0.7"),
+    (["--top_p", "0.9"], "top_p 0.9"),
+    (["--top_k", "20"], "top_k 20"),
+    (["--min_p", "0.05"], "min_p 0.05"),
+    (["--repetition_penalty", "1.1"], "repetition_penalty 1.1"),
+    (["--generation_kwargs", '{"presence_penalty": 0.5}'], "generation_kwargs.presence_penalty 0.5"),
+    (["--use_vllm", "true", "--dtype", "bfloat16"], "vLLM samples in float32"),
+]
+
+
+@pytest.mark.parametrize(("flags", "named"), OFF_POLICY, ids=[n for _, n in OFF_POLICY])
+def test_off_policy_sampling_is_refused_naming_the_setting(flags, named, tiny_model, tiny_teacher):
+    with pytest.raises(DnaConfigError, match=rf"{re.escape(named)}.*allow_off_policy_sampling: true"):
+        _dry_run(*SERVER, *flags)
+
+
+def test_off_policy_sampling_runs_when_allowed_and_is_warned(tiny_model, tiny_teacher, caplog):
+    with caplog.at_level(logging.WARNING):
+        _dry_run(*SERVER, "--top_p", "0.9", "--top_k", "20", "--allow_off_policy_sampling", "true")
+    assert "off-policy" in caplog.text and "top_p 0.9" in caplog.text and "top_k 20" in caplog.text
+
+
+def test_neutral_sampling_settings_pass(tiny_model, tiny_teacher):
+    _dry_run(*SERVER, "--top_k", "0", "--top_p", "1.0", "--repetition_penalty", "1.0", "--temperature", "1")

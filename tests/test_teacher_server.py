@@ -10,7 +10,7 @@ import time
 import pytest
 
 from dna_factory.errors import DnaConfigError, DnaServiceError
-from dna_factory.teacher_server import TeacherServer
+from dna_factory.teacher_server import PINNED_SAMPLING, TeacherServer
 from tests.teacher_fixtures import FaultyTeacher
 
 
@@ -71,3 +71,30 @@ def test_a_server_without_tokenize_is_a_config_error(student_tokenizer):
         pytest.raises(DnaConfigError, match=r"has no /tokenize endpoint \(HTTP 404\)"),
     ):
         TeacherServer(server.url, **FAST).check_alignment(student_tokenizer)
+
+
+def test_a_server_reporting_logits_is_refused_by_the_probe(student_tokenizer):
+    with (
+        FaultyTeacher(student_tokenizer, "unnormalised") as server,
+        pytest.raises(
+            DnaConfigError, match=r"not log-probabilities at position 1 .*--logprobs-mode raw_logprobs"
+        ),
+    ):
+        TeacherServer(server.url, **FAST).check_alignment(student_tokenizer)
+
+
+def test_the_probe_pins_every_sampling_setting(student_tokenizer):
+    with FaultyTeacher(student_tokenizer) as server:
+        TeacherServer(server.url, **FAST).check_alignment(student_tokenizer)
+    sampled, scored = server.probe_bodies
+    assert {k: sampled.get(k) for k in PINNED_SAMPLING} == PINNED_SAMPLING
+    assert PINNED_SAMPLING == {
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+    }
+    assert scored["prompt_logprobs"] >= 5  # enough alternatives to see a log-sum-exp above 0
