@@ -212,13 +212,6 @@ class SampledTokenOPDTrainer(_CompletionThroughputMixin, DistillationTrainer):
         self.kl_coef = kl_coef
         self._kl_moments = torch.zeros(3, dtype=torch.float64)  # Σ d_t, Σ d_t², token count of the step
         use_fused_lm_head(self.model)
-        if self.temperature != 1.0:
-            logger.warning(
-                "temperature is %g: the student samples from a tempered distribution while d_t compares the "
-                "untempered student and teacher, so the rollouts are slightly off-policy for the KL being "
-                "minimised. temperature: 1.0 keeps them on-policy.",
-                self.temperature,
-            )
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)

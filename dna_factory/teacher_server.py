@@ -41,6 +41,22 @@ logger = logging.getLogger(__name__)
 POSITION_TOLERANCE = 2e-2
 """Nats. Prefill and decode logprobs of the same token agree to ~1e-6 in fp32 and ~1e-2 in bf16."""
 
+PINNED_SAMPLING = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+"""The probe's sampling settings: the unprocessed distribution, whatever the model's generation_config defaults are."""
+
+NORMALISATION_TOP = 10
+"""Top logprobs requested per probe position (vLLM's default ``--max-logprobs`` is 20)."""
+NORMALISATION_TOLERANCE = 1e-3
+"""Nats. Log-probabilities are <= 0 and the log-sum-exp of any subset of them is <= 0."""
+
 
 class TeacherScoringError(RuntimeError):
     """The teacher's logprobs do not line up with the student's completion tokens."""
@@ -263,12 +279,30 @@ class TeacherServer:
         """The teacher's token ids for ``text`` (``/tokenize``, no special tokens added)."""
         return list(self._post("/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"])
 
-    def prompt_logprobs(self, token_ids: Sequence[int]) -> list[dict | None]:
-        """The server's raw ``prompt_logprobs`` for ``token_ids`` (one entry per position)."""
+    def prompt_logprobs(self, token_ids: Sequence[int], top: int = 0) -> list[dict | None]:
+        """The server's raw ``prompt_logprobs`` for ``token_ids`` (one entry per position, ``top`` alternatives)."""
         answer = self._post(
-            "/v1/completions", {"prompt": list(token_ids), "max_tokens": 1, "prompt_logprobs": 0}
+            "/v1/completions", {"prompt": list(token_ids), "max_tokens": 1, "prompt_logprobs": top}
         )
         return answer["choices"][0]["prompt_logprobs"]
+
+    @staticmethod
+    def _not_normalised(positions: list[dict | None]) -> str | None:
+        """Why the listed values cannot be log-probabilities (a value > 0, or a log-sum-exp > 0), else None."""
+        for index, entry in enumerate(positions):
+            values = [float(item["logprob"]) for item in (entry or {}).values()]
+            values = [v for v in values if math.isfinite(v)]
+            if not values:
+                continue
+            peak = max(values)
+            total = peak + math.log(sum(math.exp(v - peak) for v in values))
+            if peak > NORMALISATION_TOLERANCE or total > NORMALISATION_TOLERANCE:
+                return (
+                    f"returned values that are not log-probabilities at position {index} (largest {peak:.4f}, "
+                    f"log-sum-exp of the {len(values)} listed {total:.4f}; log-probabilities are <= 0 and sum to at "
+                    "most 1): logits, as vLLM's --logprobs-mode raw_logits or processed_logits return"
+                )
+        return None
 
     def check_position_convention(self, prefix: Sequence[int]) -> None:
         """Verify "position i holds log p(x_i | x_<i)" on ``[a, b, c]`` built from the first two ids of ``prefix``.
@@ -277,14 +311,16 @@ class TeacherServer:
             DnaConfigError: naming the convention the server uses instead.
         """
         a, b = int(prefix[0]), int(prefix[1])
+        # Sampling pinned to the unprocessed distribution: with --logprobs-mode processed_logprobs the sampled
+        # token's logprob is taken after top-k/top-p, and a model's generation_config defaults would apply.
         sampled = self._post(
             "/v1/completions",
-            {"prompt": [a, b], "max_tokens": 1, "temperature": 1.0, "seed": 0, "logprobs": 0,
-             "return_tokens_as_token_ids": True},
+            {"prompt": [a, b], "max_tokens": 1, "seed": 0, "logprobs": 0, "return_tokens_as_token_ids": True,
+             **PINNED_SAMPLING},
         )["choices"][0]["logprobs"]  # fmt: skip
         c = int(sampled["tokens"][0].removeprefix("token_id:"))
         expected = float(sampled["token_logprobs"][0])
-        positions = self.prompt_logprobs([a, b, c])
+        positions = self.prompt_logprobs([a, b, c], top=NORMALISATION_TOP)
 
         def at(position: int, token: int) -> float | None:
             entry = positions[position] if position < len(positions) else None
@@ -298,6 +334,12 @@ class TeacherServer:
             problem = "returned a logprob at position 0, which has no context (the next-token convention)"
         elif at(2, c) is None or at(1, b) is None:
             problem = "does not list each position's own token (the next-token convention)"
+        elif (unnormalised := self._not_normalised(positions)) is not None:
+            raise DnaConfigError(
+                f"The teacher server {self.url}, scoring the known sequence [{a}, {b}, {c}], {unnormalised}. "
+                "Sampled-token distillation needs log-probabilities: restart the teacher with the default "
+                "--logprobs-mode raw_logprobs (or processed_logprobs)."
+            )
         elif abs(at(2, c) - expected) > POSITION_TOLERANCE:
             problem = f"puts {at(2, c):.6f} at position 2, but sampling gave log p(c | a, b) = {expected:.6f}"
         if problem is not None:

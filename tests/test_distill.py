@@ -129,6 +129,20 @@ def _divergence_f64(student_logits, teacher_logits, beta: float) -> torch.Tensor
     return beta * (lt.exp() * (lt - m)).sum(-1) + (1 - beta) * (ls.exp() * (ls - m)).sum(-1)
 
 
+def test_beta_between_the_named_values_does_not_interpolate():
+    """docs/distillation.md's table: TRL's generalized JSD goes to 0 near both ends; 0 and 1 are the plain KLs."""
+    from trl.trainer.distillation_trainer import _chunked_divergence_loss
+
+    g = torch.Generator().manual_seed(0)
+    hs, ht = torch.randn(1, 256, 64, generator=g), torch.randn(1, 256, 64, generator=g)
+    ws, wt = torch.randn(4096, 64, generator=g) * 0.3, torch.randn(4096, 64, generator=g) * 0.3
+    mask = torch.ones(1, 256)
+    loss = {b: _chunked_divergence_loss(hs, ht, ws, wt, mask, b)[0].item() for b in (0.0, 0.5, 0.99, 1.0)}
+    assert loss[0.99] < loss[1.0] / 100 and loss[0.5] <= math.log(2)
+    assert loss[0.0] == pytest.approx(5.65, abs=0.01) and loss[1.0] == pytest.approx(5.60, abs=0.01)
+    assert loss[0.99] == pytest.approx(0.040, abs=0.001)
+
+
 @pytest.mark.parametrize("beta", [1.0, 0.0, 0.5])
 def test_chunked_divergence_equals_float64_on_random_logits(beta):
     """TRL's chunked loss (what local_teacher trains) on small random logits h @ W.T vs the float64 definition."""

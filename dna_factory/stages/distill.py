@@ -19,6 +19,7 @@ position convention is verified.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -86,6 +87,14 @@ class DistillStageArguments:
             "log p_student(y_t) - log p_teacher(y_t). Not the divergence selector `beta`."
         },
     )
+    allow_off_policy_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "server_teacher: run even though the student samples from another distribution than the one it "
+            "trains (temperature != 1, top_p < 1, top_k, min_p, penalties, vLLM in another dtype); every d_t is then "
+            "biased. A warning names the settings at every start."
+        },
+    )
     peft_type: str = field(
         default="lora",
         metadata={
@@ -147,6 +156,72 @@ def validate_mode(cfg: ResolvedConfig) -> None:
         raise DnaConfigError(
             f"Teacher path '{teacher}' does not exist.{hint if 'tiny' in teacher else ' Check the path or use a hub id.'}"
         )
+
+
+NEUTRAL_SAMPLING = {
+    "temperature": (1.0,),
+    "top_p": (1.0, None),
+    "top_k": (0, -1, None),
+    "min_p": (0.0, None),
+    "repetition_penalty": (1.0, None),
+    "presence_penalty": (0.0, None),
+    "frequency_penalty": (0.0, None),
+}
+"""Sampling settings under which the student samples from exactly the distribution it trains."""
+
+
+def _checkpoint_dtype(path: str | None) -> str | None:
+    """``dtype`` of a local checkpoint's config.json (what vLLM loads it in by default), else None."""
+    config = Path(path or "") / "config.json"
+    if not path or not config.is_file():
+        return None
+    data = json.loads(config.read_text())
+    return data.get("dtype") or data.get("torch_dtype")
+
+
+def off_policy_settings(cfg: ResolvedConfig) -> list[str]:
+    """The settings that make the student sample from another distribution than ``π_θ`` it trains, as ``key value``."""
+    found = []
+    for key, neutral in NEUTRAL_SAMPLING.items():
+        value = cfg.get(key, neutral[0])
+        if value not in neutral:
+            found.append(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}")
+    kwargs = cfg.get("generation_kwargs") or {}
+    for key, value in kwargs.items() if isinstance(kwargs, dict) else ():
+        if key in NEUTRAL_SAMPLING and value not in NEUTRAL_SAMPLING[key]:
+            found.append(f"generation_kwargs.{key} {value}")
+    if cfg.get("use_vllm"):
+        trained = str(cfg.get("dtype") or "auto")
+        served = _checkpoint_dtype(cfg.get("model_name_or_path"))
+        if cfg.get("vllm_mode", "colocate") == "colocate" and served and trained not in ("auto", served):
+            found.append(
+                f"use_vllm (vLLM samples in {served}, the checkpoint's dtype, while the student trains in {trained})"
+            )
+    return found
+
+
+def validate_sampling(cfg: ResolvedConfig) -> None:
+    """Server teacher: sampled-token OPD is unbiased only when the student samples from the distribution it trains."""
+    if cfg.get("distill_mode", "local_teacher") != "server_teacher":
+        return
+    found = off_policy_settings(cfg)
+    if not found:
+        return
+    what = "; ".join(found)
+    if cfg.get("allow_off_policy_sampling"):
+        logger.warning(
+            "Sampling is off-policy (allow_off_policy_sampling: true): %s. d_t = log p_student(y_t) - log "
+            "p_teacher(y_t) is estimated from tokens the student does not sample from p_student, so every "
+            "advantage is biased.",
+            what,
+        )
+        return
+    raise DnaConfigError(
+        f"distill_mode: server_teacher estimates KL(student || teacher) from the tokens the student samples, which "
+        f"must come from the distribution it trains, but the student samples with {what}. Use temperature 1.0, "
+        "top_p 1.0, top_k 0, min_p unset, no penalties and vLLM in the training dtype, or set "
+        "allow_off_policy_sampling: true to run anyway (every d_t is then biased)."
+    )
 
 
 def validate_peft(cfg: ResolvedConfig) -> None:
@@ -291,6 +366,6 @@ STAGE = Stage(
     config_class=DistillationConfig,
     data_format="prompt",
     build_trainer=build_trainer,
-    validators=(validate_mode, validate_peft, validate_tokenizers, validate_vocab_sizes),
+    validators=(validate_mode, validate_sampling, validate_peft, validate_tokenizers, validate_vocab_sizes),
     extra_dataclasses=(DistillStageArguments,),
 )
