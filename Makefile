@@ -29,7 +29,10 @@ $(TINY)/student/config.json: $(STAMP) scripts/make_tiny_model.py
 $(TINY)/teacher/config.json: $(STAMP) scripts/make_tiny_model.py
 	$(PY) scripts/make_tiny_model.py --out $(TINY)/teacher --size teacher
 
-tiny-models: $(TINY)/student/config.json $(TINY)/teacher/config.json
+$(TINY)/glm-air/config.json: $(STAMP) scripts/make_tiny_model.py
+	$(PY) scripts/make_tiny_model.py --out $(TINY)/glm-air --family glm4moe
+
+tiny-models: $(TINY)/student/config.json $(TINY)/teacher/config.json $(TINY)/glm-air/config.json
 
 # The main job: the tiny multi-stage pipeline (SFT -> GRPO -> distillation) on CPU; rerun to skip finished stages.
 demo: $(STAMP) tiny-models

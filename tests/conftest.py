@@ -13,20 +13,22 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TINY_STUDENT = REPO / "artifacts" / "tiny" / "student"
 TINY_TEACHER = REPO / "artifacts" / "tiny" / "teacher"
+TINY_GLM = REPO / "artifacts" / "tiny" / "glm-air"
 
 sys.path.insert(0, str(REPO / "scripts"))  # make_tiny_model is a script, not a package module
 
 
-def _ensure_tiny(path: Path, size: str) -> Path:
+def _ensure_tiny(path: Path, size: str, family: str = "qwen3") -> Path:
     from make_tiny_model import make_tiny_model
 
     info = path / "tiny_model.json"
     if not (
         info.is_file()
         and json.loads(info.read_text()).get("size") == size
+        and json.loads(info.read_text()).get("family", "qwen3") == family
         and (path / "config.json").is_file()
     ):
-        make_tiny_model(path, size=size, seed=0)
+        make_tiny_model(path, size=size, seed=0, family=family)
     return path
 
 
@@ -39,6 +41,12 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def tiny_teacher() -> Path:
     return _ensure_tiny(TINY_TEACHER, "teacher")
+
+
+@pytest.fixture(scope="session")
+def tiny_glm() -> Path:
+    """The tiny GLM-4.5-Air-shaped twin (Glm4MoeForCausalLM, TRL's glm4moe.jinja), built if missing."""
+    return _ensure_tiny(TINY_GLM, "student", family="glm4moe")
 
 
 def cli_env(**extra: str) -> dict[str, str]:
