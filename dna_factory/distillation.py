@@ -147,7 +147,8 @@ def completion_logprobs(model, inputs: dict) -> torch.Tensor:
     labels = input_ids.masked_fill(~scored, -100)
     output = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
     # log_probs[:, i] scores input_ids[:, i + 1]: the completion is the last completion-width columns.
-    return output.log_probs[:, -inputs["completion_ids"].size(1) :]
+    log_probs = output.log_probs
+    return log_probs[:, log_probs.size(1) - inputs["completion_ids"].size(1) :]
 
 
 # --------------------------------------------------------------------------- per-step metrics

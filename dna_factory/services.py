@@ -23,6 +23,12 @@ RETRY_STATUSES = (429, 500, 502, 503, 504)
 """Answers worth retrying: overload and transient server errors. A 4xx is the request's fault and is not retried."""
 
 
+class _Retry(Retry):
+    """``urllib3.Retry`` that honours ``Retry-After`` only on 429 and 503 (a 413 is the request's fault)."""
+
+    RETRY_AFTER_STATUS_CODES = frozenset({429, 503})
+
+
 class BoundedAdapter(HTTPAdapter):
     """An ``HTTPAdapter`` whose requests time out after ``timeout_s`` unless the caller set a timeout.
 
@@ -35,7 +41,7 @@ class BoundedAdapter(HTTPAdapter):
 
     def __init__(self, timeout_s: float, retries: int, backoff_s: float, pool_maxsize: int = 10) -> None:
         self.timeout_s = timeout_s
-        retry = Retry(
+        retry = _Retry(
             total=retries,
             connect=retries,
             read=retries,
@@ -47,6 +53,7 @@ class BoundedAdapter(HTTPAdapter):
             backoff_max=30,
             raise_on_status=False,  # the last answer comes back, so the caller can name its status and text
             respect_retry_after_header=True,
+            retry_after_max=30,  # a server asking to wait hours would look like a hang
         )
         super().__init__(max_retries=retry, pool_maxsize=pool_maxsize)
 

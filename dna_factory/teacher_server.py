@@ -142,6 +142,7 @@ class TeacherServer:
         self.sequences_per_request = sequences_per_request
         self.request_timeout_s = request_timeout_s
         self.tries = retries + 1
+        self.max_model_len: int | None = None
         wait_for_health(
             self.url,
             "teacher server",
@@ -149,11 +150,29 @@ class TeacherServer:
             "python -m vllm.entrypoints.openai.api_server --model TEACHER --port PORT",
             "teacher_server_timeout",
         )
-        # /health answered: TRL's own check passes at once; then every request of its session is bounded.
-        self.client = VLLMClient(base_url=self.url, connection_timeout=0.0)
-        bound_session(
-            self.client.session, request_timeout_s, retries, backoff_s, max(10, max_concurrent_requests)
-        )
+        bounds = (request_timeout_s, retries, backoff_s, max(10, max_concurrent_requests))
+
+        class BoundedClient(VLLMClient):
+            """TRL's client whose session is bounded before its first request (``/v1/models`` in ``__init__``).
+
+            ``check_server`` is TRL's /health loop (unbounded ``requests.get``, endless on a non-200 answer);
+            :func:`wait_for_health` has done that job with a bound, so here it only mounts the bounded adapter.
+            """
+
+            def check_server(self, total_timeout: float = 0.0, retry_interval: float = 2.0) -> None:
+                bound_session(self.session, *bounds)
+
+        try:
+            self.client = BoundedClient(base_url=self.url, connection_timeout=0.0)
+        except requests.RequestException as exc:
+            raise self._failed("/v1/models", exc) from None
+        except (
+            Exception
+        ) as exc:  # TRL's bare Exception("Request failed: STATUS, TEXT"), e.g. 401 with --api-key
+            failed = re.fullmatch(r"Request failed: (\d+), (.*)", str(exc), flags=re.S)
+            if failed is None:
+                raise
+            raise self._status_error("/v1/models", int(failed[1]), failed[2]) from None
         listed = self._get("/v1/models")["data"][0]
         self.model = self.client.model
         self.max_model_len = listed.get("max_model_len")
@@ -209,15 +228,28 @@ class TeacherServer:
             raise self._status_error(path, response.status_code, response.text)
         return response.json()
 
-    def _too_long(self, prompt_ids, completion_ids, limit: int) -> DnaConfigError | None:
-        """The error for the longest sequence when it exceeds ``limit`` tokens, else None."""
+    def _too_long(
+        self, prompt_ids, completion_ids, limit: int | None, said: str = ""
+    ) -> DnaConfigError | None:
+        """The error for the longest sequence when it leaves no room under ``limit``, else None.
+
+        A scoring request asks for one generated token (``max_tokens: 1``), so a sequence fits only
+        below ``max_model_len``: at exactly ``max_model_len`` vLLM answers 400 (max_tokens 0). With
+        ``limit`` None (not listed by the server) the server's own words ``said`` stand in for it.
+        """
         p, c = max(zip(prompt_ids, completion_ids, strict=True), key=lambda pc: len(pc[0]) + len(pc[1]))
-        if len(p) + len(c) <= limit:
+        if limit is not None and len(p) + len(c) < limit:
             return None
+        stated = (
+            f"max_model_len {limit}"
+            if limit is not None
+            else f"max_model_len (the server said: {said[:200]})"
+        )
         return DnaConfigError(
-            f"A scoring sequence of {len(p) + len(c)} tokens (prompt {len(p)} + completion {len(c)}) is longer than "
-            f"the teacher's max_model_len {limit} ({self.url}). Restart the teacher with --max-model-len at least "
-            "the student's longest prompt + max_completion_length, or shorten the prompts or max_completion_length."
+            f"A scoring sequence of {len(p) + len(c)} tokens (prompt {len(p)} + completion {len(c)}) does not fit the "
+            f"teacher's {stated} ({self.url}; scoring needs one more position). Restart the teacher with "
+            "--max-model-len above the student's longest prompt + max_completion_length, or shorten the prompts or "
+            "max_completion_length."
         )
 
     # ------------------------------------------------------------------ scoring
@@ -260,12 +292,10 @@ class TeacherServer:
             if failed is None:
                 raise
             status, text = int(failed[1]), failed[2]
-            limit = re.search(r"maximum context length is (\d+)", text)
-            if (
-                status == 400
-                and limit
-                and (error := self._too_long(prompt_ids, completion_ids, int(limit[1])))
-            ):
+            stated = re.search(r"maximum context length is (\d+)", text)
+            limit = int(stated[1]) if stated else self.max_model_len
+            over = stated or "max_tokens must be at least 1" in text
+            if status == 400 and over and (error := self._too_long(prompt_ids, completion_ids, limit, text)):
                 raise error from None
             raise self._status_error("/v1/completions", status, text) from None
         for i, actual in zip(scored, answer["actual_logprobs"], strict=True):

@@ -11,8 +11,9 @@ self-consistent; ``/tokenize`` uses the student's own tokenizer. ``mode`` inject
 * ``unnormalised``: every reported value is a logit (logprob + 4, positive), consistently in the
   sample and the prompt logprobs, as ``--logprobs-mode raw_logits`` gives.
 
-Sequences longer than ``max_model_len`` (listed in ``/v1/models`` as vLLM does, unless
-``advertise_max_model_len`` is false) get vLLM's HTTP 400.
+Sequences of ``max_model_len`` tokens or more (listed in ``/v1/models`` as vLLM does, unless
+``advertise_max_model_len`` is false) get vLLM's HTTP 400 (no room for the one generated token).
+Mode ``unauthorised`` answers ``/v1/models`` with 401, as a server started with ``--api-key``.
 """
 
 from __future__ import annotations
@@ -75,11 +76,15 @@ class FaultyTeacher:
             self.probe_bodies.append(body)
         self.scoring_requests += 1
         longest = max(len(p) for p in prompts)
-        if longest > self.max_model_len:
+        if (
+            longest >= self.max_model_len
+        ):  # vLLM 0.32's two answers: over the limit, or no room for max_tokens 1
             message = (
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt "
                 f"contains {longest} input tokens, which exceeds this limit even without any output tokens. "
                 "Please reduce the length of the input prompt."
+                if longest > self.max_model_len
+                else "max_tokens must be at least 1, got 0."
             )
             return web.json_response({"error": {"message": message, "code": 400}}, status=400)
         if self.mode == "flaky" and self.scoring_requests <= self.failures:
@@ -109,6 +114,8 @@ class FaultyTeacher:
             return web.Response(text="ok")
 
         async def models(request):
+            if self.mode == "unauthorised":
+                return web.json_response({"error": "Unauthorized"}, status=401)
             entry = {"id": "faulty-teacher"}
             if self.advertise_max_model_len:
                 entry["max_model_len"] = self.max_model_len

@@ -79,6 +79,15 @@ def test_bad_eval_config_fails_before_loading(flags, message, tiny_model):
         prepare("sft", [*SFT, "--eval_on_checkpoint", "true", *flags])
 
 
+@pytest.mark.parametrize(
+    ("flags", "what"),
+    [(["--lora_modules_to_save", "lm_head"], "lora_modules_to_save"), (["--use_dora", "true"], "use_dora")],
+)
+def test_a_lora_checkpoint_vllm_cannot_serve_fails_before_loading(flags, what, tiny_model):
+    with pytest.raises(DnaConfigError, match=rf"through vLLM's LoRA support, which cannot load {what}"):
+        prepare("sft", [*SFT, *EVAL, "--use_peft", "true", *flags])
+
+
 @pytest.mark.parametrize("missing", ["inspect_ai", "vllm"])
 def test_missing_harness_or_vllm_is_an_error(missing, monkeypatch, tiny_model):
     # Fake: the packages are installed here; only their discovery is hidden.

@@ -305,7 +305,10 @@ def mismatched_teacher(tmp_path_factory):
 
 
 GUARDS = [
-    (["--lora_target_modules", "q_proj", "lm_head"], "puts an adapter on lm_head"),
+    (
+        ["--lora_target_modules", "q_proj", "lm_head", "--lora_modules_to_save", "[]"],
+        "puts an adapter on lm_head",
+    ),
     (["--peft_type", "prompt_tuning"], "prompt_tuning (PromptTuning) is a prompt-learning method"),
     (["--peft_type", "PrefixTuning"], "PrefixTuning (PrefixTuning) is a prompt-learning method"),
     (["--peft_type", "p_tuning"], "p_tuning (P-Tuning) is a prompt-learning method"),

@@ -73,8 +73,14 @@ def test_the_same_tokenizer_and_vocab_size_pass(tmp_path, tiny_model, tiny_teach
 
 @pytest.mark.parametrize("targets", [".*", ".*_proj|lm_head", "lm_head"])
 def test_lora_targets_that_peft_would_put_on_lm_head_are_refused(targets, tiny_model, tiny_teacher):
-    with pytest.raises(DnaConfigError, match="lm_head"):
-        _dry_run("--use_peft", "true", "--lora_target_modules", targets)
+    with pytest.raises(DnaConfigError, match="puts an adapter on lm_head"):
+        _dry_run("--use_peft", "true", "--lora_target_modules", targets, "--lora_modules_to_save", "[]")
+
+
+def test_a_regex_with_lm_head_in_modules_to_save_is_allowed_as_peft_excludes_it(tiny_model, tiny_teacher):
+    _dry_run(
+        "--use_peft", "true", "--lora_target_modules", ".*_proj|lm_head", "--lora_modules_to_save", "lm_head"
+    )
 
 
 def test_all_linear_reaches_peft_as_its_shorthand_and_passes_the_guard(tiny_model, tiny_teacher):
@@ -97,7 +103,8 @@ OFF_POLICY = [
     (["--min_p", "0.05"], "min_p 0.05"),
     (["--repetition_penalty", "1.1"], "repetition_penalty 1.1"),
     (["--generation_kwargs", '{"presence_penalty": 0.5}'], "generation_kwargs.presence_penalty 0.5"),
-    (["--use_vllm", "true", "--dtype", "bfloat16"], "vLLM samples in float32"),
+    (["--generation_kwargs", '{"do_sample": false}'], "generation_kwargs.do_sample False"),
+    (["--use_vllm", "true"], "vLLM samples in bfloat16, its automatic dtype for this float32 checkpoint"),
 ]
 
 
@@ -115,3 +122,7 @@ def test_off_policy_sampling_runs_when_allowed_and_is_warned(tiny_model, tiny_te
 
 def test_neutral_sampling_settings_pass(tiny_model, tiny_teacher):
     _dry_run(*SERVER, "--top_k", "0", "--top_p", "1.0", "--repetition_penalty", "1.0", "--temperature", "1")
+    _dry_run(*SERVER, "--generation_kwargs", '{"max_new_tokens": 16, "stop": []}')
+    _dry_run(
+        *SERVER, "--use_vllm", "true", "--dtype", "bfloat16"
+    )  # what vLLM samples the float32 checkpoint in

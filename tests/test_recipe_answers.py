@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from make_hub_twins import HUB_TWINS, NO_OFFLINE_TWIN, build_twin
+from make_hub_twins import NO_OFFLINE_TWIN, build_twin, substitute_twins
 
 from tests.conftest import REPO
 
@@ -120,24 +120,8 @@ def _score(funcs, prompts, completions, columns) -> list[list[float]]:
 
 
 def twin_recipe(recipe_path: Path, out_dir: Path) -> tuple[Path, dict[str, list]]:
-    """The recipe with each Hub dataset swapped for its offline twin; gold answers per dataset label."""
-    recipe = yaml.safe_load(recipe_path.read_text())
-    gold: dict[str, list] = {}
-    for entry in recipe["datasets"]:
-        path = entry["path"]
-        if path in HUB_TWINS:
-            twin, answers = build_twin(path, ROWS.get(path, 300), out_dir / "twins")
-            entry["path"] = str(twin)
-            entry.pop("name", None)
-            entry.pop("split", None)
-            gold[entry.get("label", path)] = answers
-        elif path in NO_OFFLINE_TWIN:
-            gold[entry.get("label", path)] = None
-        entry["weight"] = 1.0  # row i of the loaded dataset is row i of the file
-        entry.pop("max_samples", None)
-    target = out_dir / recipe_path.name
-    target.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    return target, gold
+    """The recipe with its Hub datasets swapped for offline twins, every row kept in file order."""
+    return substitute_twins(recipe_path, out_dir, rows=ROWS, keep_order=True)
 
 
 def check_recipe(recipe_path: Path, out_dir: Path) -> Report:

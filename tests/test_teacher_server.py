@@ -65,6 +65,24 @@ def test_the_servers_400_for_an_over_long_sequence_names_both_lengths(student_to
         assert server.scoring_requests == 1  # a 400 is not retried
 
 
+def test_a_sequence_of_exactly_max_model_len_is_refused_before_sending_and_from_the_400(student_tokenizer):
+    """Scoring asks for one generated token: at exactly max_model_len vLLM says max_tokens must be at least 1."""
+    for advertise, sent, says in ((True, 0, "max_model_len 8"), (False, 1, "max_tokens must be at least 1")):
+        with FaultyTeacher(student_tokenizer, max_model_len=8, advertise_max_model_len=advertise) as server:
+            teacher = TeacherServer(server.url, **FAST)
+            with pytest.raises(DnaConfigError, match=rf"8 tokens \(prompt 5 \+ completion 3\).*{says}"):
+                teacher.score([[1, 2, 3, 4, 5]], [[20, 21, 22]])
+            assert server.scoring_requests == sent
+
+
+def test_an_unauthorised_model_listing_is_one_clear_error(student_tokenizer):
+    with (
+        FaultyTeacher(student_tokenizer, "unauthorised") as server,
+        pytest.raises(DnaServiceError, match=r"answered /v1/models with HTTP 401"),
+    ):
+        TeacherServer(server.url, **FAST)
+
+
 def test_a_server_without_tokenize_is_a_config_error(student_tokenizer):
     with (
         FaultyTeacher(student_tokenizer, "no_tokenize") as server,

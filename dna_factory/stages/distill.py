@@ -170,13 +170,36 @@ NEUTRAL_SAMPLING = {
 """Sampling settings under which the student samples from exactly the distribution it trains."""
 
 
-def _checkpoint_dtype(path: str | None) -> str | None:
-    """``dtype`` of a local checkpoint's config.json (what vLLM loads it in by default), else None."""
-    config = Path(path or "") / "config.json"
-    if not path or not config.is_file():
-        return None
-    data = json.loads(config.read_text())
-    return data.get("dtype") or data.get("torch_dtype")
+HARMLESS_GENERATION_KWARGS = frozenset(
+    {"max_new_tokens", "max_tokens", "stop", "stop_token_ids", "eos_token_id", "pad_token_id", "seed",
+     "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output", "use_cache"}
+)  # fmt: skip
+"""generation_kwargs keys that do not change which distribution a token is drawn from (any other key is named)."""
+
+
+def _checkpoint_dtype(cfg: ResolvedConfig) -> str | None:
+    """``dtype`` in the student's config.json (local or, online, from the Hub), else None."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(
+            cfg.get("model_name_or_path"),
+            revision=cfg.get("model_revision"),
+            trust_remote_code=bool(cfg.get("trust_remote_code", False)),
+        )
+    except (OSError, ValueError):
+        return None  # a hub id offline: checked when the run starts online
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def _vllm_auto_dtype(checkpoint: str) -> str:
+    """What colocated vLLM (TRL passes no dtype: "auto") samples in on bf16-capable hardware.
+
+    vLLM 0.32 ``_resolve_auto_dtype``: a float32 checkpoint is downcast to the platform's
+    preferred dtype (bfloat16 on recent GPUs and x86 CPUs); other dtypes are kept.
+    """
+    return "bfloat16" if checkpoint == "float32" else checkpoint
 
 
 def off_policy_settings(cfg: ResolvedConfig) -> list[str]:
@@ -187,15 +210,27 @@ def off_policy_settings(cfg: ResolvedConfig) -> list[str]:
         if value not in neutral:
             found.append(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}")
     kwargs = cfg.get("generation_kwargs") or {}
-    for key, value in kwargs.items() if isinstance(kwargs, dict) else ():
-        if key in NEUTRAL_SAMPLING and value not in NEUTRAL_SAMPLING[key]:
+    if isinstance(kwargs, str):  # TRL parses a JSON string itself
+        try:
+            kwargs = json.loads(kwargs)
+        except json.JSONDecodeError:
+            raise DnaConfigError(
+                f'generation_kwargs {kwargs!r} is not a JSON object. Use e.g. {{"stop": []}}.'
+            ) from None
+    for key, value in kwargs.items():
+        if key in NEUTRAL_SAMPLING:
+            if value not in NEUTRAL_SAMPLING[key]:
+                found.append(f"generation_kwargs.{key} {value}")
+        elif key not in HARMLESS_GENERATION_KWARGS:
             found.append(f"generation_kwargs.{key} {value}")
-    if cfg.get("use_vllm"):
+    if cfg.get("use_vllm") and cfg.get("vllm_mode", "colocate") == "colocate":
+        checkpoint = _checkpoint_dtype(cfg)
         trained = str(cfg.get("dtype") or "auto")
-        served = _checkpoint_dtype(cfg.get("model_name_or_path"))
-        if cfg.get("vllm_mode", "colocate") == "colocate" and served and trained not in ("auto", served):
+        trained = checkpoint if trained == "auto" else trained
+        if checkpoint and trained != _vllm_auto_dtype(checkpoint):
             found.append(
-                f"use_vllm (vLLM samples in {served}, the checkpoint's dtype, while the student trains in {trained})"
+                f"use_vllm (colocated vLLM samples in {_vllm_auto_dtype(checkpoint)}, its automatic dtype for this "
+                f"{checkpoint} checkpoint, while the student trains in {trained})"
             )
     return found
 
@@ -250,7 +285,8 @@ def validate_peft(cfg: ResolvedConfig) -> None:
 
     targets = cfg.get("lora_target_modules")
     if targets is not None and str(targets).lower() != "all-linear":
-        matched = check_target_module_exists(LoraConfig(target_modules=targets), "lm_head")
+        peft = LoraConfig(target_modules=targets, modules_to_save=cfg.get("lora_modules_to_save"))
+        matched = check_target_module_exists(peft, "lm_head")
         if matched and matched.__class__.__name__ != "_ExcludedModule":
             raise DnaConfigError(
                 f"lora_target_modules {targets!r} puts an adapter on lm_head (as PEFT matches it). The distillation "
