@@ -148,3 +148,17 @@ def test_columns_mapping_renames(write_jsonl):
     specs = parse_specs([{"path": str(a), "columns": {"question": "prompt", "answer": "answer"}}])
     mix = load_mixture(specs, "grpo")
     assert set(mix.column_names) == {"prompt", "answer", "label"} and mix[0]["prompt"] == "What is 2 + 2?"
+
+
+def test_a_malformed_jsonl_line_is_named_by_file_and_line_at_dry_run_and_at_load(tmp_path):
+    """#19: the dry run read only the first line; the load said 'DatasetGenerationError' without a line."""
+    from dna_factory.data import peek_columns
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "a", "solution": "1"}\n\n{"prompt": "b", "solution": \n{"prompt": "c"}\n')
+    spec = parse_specs([{"path": str(path), "label": "x"}])[0]
+    expected = rf"{path.name}, line 3 is not valid JSON \(Expecting value, column 27\)"
+    with pytest.raises(DnaConfigError, match=expected):
+        peek_columns(spec)
+    with pytest.raises(DnaConfigError, match=expected):
+        load_mixture([spec], "prompt", seed=0)
