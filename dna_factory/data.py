@@ -164,6 +164,34 @@ def parse_specs(raw: Any, key: str = "datasets") -> list[DatasetSpec]:
 # --------------------------------------------------------------------------- schema peek (no load)
 
 
+JSONL_SCAN_LIMIT = 256 * 1024 * 1024
+"""Bytes of a local JSONL file the dry run parses line by line (larger files: checked when loaded)."""
+
+
+def first_bad_jsonl_line(path: Path, label: str) -> DnaConfigError | None:
+    """The error naming the first line of a JSONL file that is not one JSON object, or None when all are."""
+    with path.open("rb") as fh:
+        for number, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw.decode("utf-8").rstrip("\r\n"))
+            except UnicodeDecodeError as exc:
+                problem = f"not UTF-8 ({exc.reason} at byte {exc.start})"
+            except json.JSONDecodeError as exc:
+                problem = f"not valid JSON ({exc.msg}, column {exc.colno})"
+            else:
+                if isinstance(record, dict):
+                    continue
+                problem = f"a JSON {type(record).__name__}, not an object"
+            shown = raw.decode("utf-8", "replace").rstrip("\n")
+            return DnaConfigError(
+                f"Dataset '{label}': {path}, line {number} is {problem}: {shown[:120]!r}. Each line of a .jsonl "
+                "file must be one JSON object; fix or remove that line."
+            )
+    return None
+
+
 def peek_columns(spec: DatasetSpec) -> set[str] | None:
     """Column names of a local dataset read from its first record or metadata; None when unknown (hub)."""
     p = Path(spec.path).expanduser()
@@ -178,6 +206,8 @@ def peek_columns(spec: DatasetSpec) -> set[str] | None:
 
             return set(pq.read_schema(p).names)
         if p.suffix == ".jsonl":
+            if p.stat().st_size <= JSONL_SCAN_LIMIT and (bad := first_bad_jsonl_line(p, spec.label)):
+                raise bad
             with p.open(encoding="utf-8") as fh:
                 for line in fh:
                     if line.strip():
@@ -188,6 +218,8 @@ def peek_columns(spec: DatasetSpec) -> set[str] | None:
             if isinstance(data, list):
                 return set(data[0]) if data else set()
             return None
+    except DnaConfigError:
+        raise
     except (OSError, ValueError) as exc:
         raise DnaConfigError(
             f"Could not read dataset '{spec.path}': {exc}. Check that the file is valid."
@@ -374,6 +406,8 @@ def _load_one(spec: DatasetSpec):
     except DnaConfigError:
         raise
     except Exception as exc:  # datasets raises many types; the user needs the dataset name and the cause
+        if p.is_file() and p.suffix == ".jsonl" and (bad := first_bad_jsonl_line(p, spec.label)):
+            raise bad from None
         raise DnaConfigError(
             f"Could not load dataset '{spec.label}' ({spec.path}): {type(exc).__name__}: {exc}. "
             "Check the path, split and name (hub ids need network access or a local cache)."

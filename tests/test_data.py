@@ -157,7 +157,7 @@ def test_a_malformed_jsonl_line_is_named_by_file_and_line_at_dry_run_and_at_load
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "a", "solution": "1"}\n\n{"prompt": "b", "solution": \n{"prompt": "c"}\n')
     spec = parse_specs([{"path": str(path), "label": "x"}])[0]
-    expected = rf"{path.name}, line 3 is not valid JSON \(Expecting value, column 27\)"
+    expected = rf"{path.name}, line 3 is not valid JSON \(Expecting value, column 29\)"
     with pytest.raises(DnaConfigError, match=expected):
         peek_columns(spec)
     with pytest.raises(DnaConfigError, match=expected):
