@@ -105,6 +105,12 @@ def completion_logprobs(
     return values
 
 
+def trl_status(exc: Exception) -> tuple[int, str] | None:
+    """``(status, text)`` of TRL's client error ``Exception("Request failed: STATUS, TEXT")``, else None."""
+    failed = re.fullmatch(r"Request failed: (\d+), (.*)", str(exc), flags=re.S)
+    return None if failed is None else (int(failed[1]), failed[2])
+
+
 class TeacherServer:
     """A vLLM OpenAI-compatible server hosting the teacher.
 
@@ -166,13 +172,10 @@ class TeacherServer:
             self.client = BoundedClient(base_url=self.url, connection_timeout=0.0)
         except requests.RequestException as exc:
             raise self._failed("/v1/models", exc) from None
-        except (
-            Exception
-        ) as exc:  # TRL's bare Exception("Request failed: STATUS, TEXT"), e.g. 401 with --api-key
-            failed = re.fullmatch(r"Request failed: (\d+), (.*)", str(exc), flags=re.S)
-            if failed is None:
+        except Exception as exc:  # e.g. 401 on /v1/models from a server started with --api-key
+            if (failed := trl_status(exc)) is None:
                 raise
-            raise self._status_error("/v1/models", int(failed[1]), failed[2]) from None
+            raise self._status_error("/v1/models", *failed) from None
         listed = self._get("/v1/models")["data"][0]
         self.model = self.client.model
         self.max_model_len = listed.get("max_model_len")
@@ -287,11 +290,10 @@ class TeacherServer:
             )
         except requests.RequestException as exc:
             raise self._failed("/v1/completions", exc) from None
-        except Exception as exc:  # TRL's client raises a bare Exception("Request failed: STATUS, TEXT")
-            failed = re.fullmatch(r"Request failed: (\d+), (.*)", str(exc), flags=re.S)
-            if failed is None:
+        except Exception as exc:
+            if (failed := trl_status(exc)) is None:
                 raise
-            status, text = int(failed[1]), failed[2]
+            status, text = failed
             stated = re.search(r"maximum context length is (\d+)", text)
             limit = int(stated[1]) if stated else self.max_model_len
             over = stated or "max_tokens must be at least 1" in text
