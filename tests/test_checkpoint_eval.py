@@ -392,3 +392,26 @@ def test_sigterm_to_the_trainer_mid_eval_leaves_no_server(tmp_path, tiny_model, 
             trainer.kill()
     assert trainer.returncode == -signal.SIGTERM, log.read_text()[-3000:]
     _assert_no_process_left(out)
+
+
+def test_eval_rows_reach_the_server_as_the_training_chat():
+    """Checkpoint-eval rows follow the project's one prompt rule (docs/datasets.md): a string prompt is a user
+    turn, and a chat prompt keeps every turn — a system turn included — for the server's chat template."""
+    from inspect_ai.model import ChatMessageSystem, ChatMessageUser
+
+    from dna_factory.eval_tasks import prompt_solution_sample
+
+    plain = prompt_solution_sample({"prompt": "What is 2+3?", "solution": 5}, 0)
+    assert plain.input == "What is 2+3?" and plain.target == "5"
+    chat = prompt_solution_sample(
+        {
+            "prompt": [
+                {"role": "system", "content": "Answer with a number."},
+                {"role": "user", "content": "2+3?"},
+            ],
+            "solution": 5,
+        },
+        1,
+    )
+    assert [type(m) for m in chat.input] == [ChatMessageSystem, ChatMessageUser]
+    assert [m.content for m in chat.input] == ["Answer with a number.", "2+3?"]
