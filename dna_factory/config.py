@@ -76,6 +76,7 @@ class ResolvedConfig:
     sources: dict[str, str]
     recipe_path: str | None
     args: dict[type, Any] = field(default_factory=dict)
+    rehearsal: Any = None  # a dna_factory.rehearsal.Rehearsal under --rehearse
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.values.get(key, default)
@@ -420,8 +421,13 @@ def resolve(
     argv: list[str],
     defaults_dir: Path = CONFIGS_DIR,
     foreign_keys: dict[str, str] | None = None,
+    late_layer: typing.Callable[[dict[str, Any], dict[str, str], str | None], tuple[str, dict[str, Any]]]
+    | None = None,
 ) -> ResolvedConfig:
-    """Layer defaults < recipe < CLI, check keys and types, build the dataclasses.
+    """Layer defaults < recipe < CLI (< ``late_layer``), check keys and types, build the dataclasses.
+
+    ``late_layer(values, sources, recipe_path)`` sees the layered keys and returns ``(source name, keys)`` to set
+    over them (``--rehearse`` uses it); it may only set keys of ``dataclass_types``.
 
     Raises:
         DnaConfigError: for an unknown key, a wrong type, a missing or malformed file.
@@ -457,6 +463,11 @@ def resolve(
         check_known_keys(layer, types_by_key, source)
         for key, value in layer.items():
             values[key] = coerce_value(key, value, types_by_key[key], source)
+            sources[key] = source
+    if late_layer is not None:
+        source, layer = late_layer(values, sources, recipe_path)
+        for key, value in layer.items():
+            values[key] = None if value is None else coerce_value(key, value, types_by_key[key], source)
             sources[key] = source
     resolved = ResolvedConfig(stage=stage, values=values, sources=sources, recipe_path=recipe_path)
     deepspeed = values.get("deepspeed")

@@ -28,6 +28,7 @@ from typing import Any
 
 from inspect_ai import Task, task
 from inspect_ai.dataset import MemoryDataset, Sample, hf_dataset
+from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageUser
 from inspect_ai.scorer import choice, match
 from inspect_ai.solver import generate, multiple_choice
 
@@ -37,10 +38,22 @@ LARGEST_PATH = REPO_ROOT / "data" / "tiny" / "largest_eval.jsonl"
 KMMLU_PRO_DATASET = "LGAI-EXAONE/KMMLU-Pro"
 
 
+CHAT_MESSAGES = {"system": ChatMessageSystem, "user": ChatMessageUser, "assistant": ChatMessageAssistant}
+
+
 def prompt_solution_sample(record: dict[str, Any], index: int) -> Sample:
-    """One ``{"prompt": [{"role": "user", ...}], "solution": "17"}`` row as an Inspect sample."""
-    question = next(m["content"] for m in record["prompt"] if m["role"] == "user")
-    return Sample(id=index, input=question, target=str(record["solution"]))
+    """One ``{"prompt": ..., "solution": "17"}`` row as an Inspect sample, under the training prompt rule.
+
+    A string prompt is the user turn; a chat prompt keeps every turn (a system turn included). Inspect
+    sends them through the server's chat API, so the served model's chat template renders them as
+    training did (docs/datasets.md).
+    """
+    prompt = record["prompt"]
+    if isinstance(prompt, str):
+        chat: str | list = prompt
+    else:
+        chat = [CHAT_MESSAGES[m["role"]](content=m["content"]) for m in prompt]
+    return Sample(id=index, input=chat, target=str(record["solution"]))
 
 
 def last_number_task(path: str | Path, name: str) -> Task:

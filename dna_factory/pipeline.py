@@ -23,6 +23,8 @@ before the next one starts. A finished stage leaves ``DONE.json`` (its outputs);
 finished stages and the interrupted one resumes from its last checkpoint (the runner's
 auto-resume). ``--dry_run`` validates every stage's config in this process, before any stage runs;
 ``--preview [N]`` also prints each stage's first rows as its trainer will tokenize them.
+``--rehearse`` runs every stage on CPU for two steps (docs/rehearsal.md): one plain process per
+stage (no launcher, no GPU roles), outputs under ``outputs/rehearse/<name>`` unless ``--output_dir``.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class PipelineStage:
     env: dict[str, str] = field(default_factory=dict)
     description: str = ""
     model: str | None = None
+    flags: list[str] = field(default_factory=list)  # bare flags for the entry script (``--rehearse``)
 
     def output_dir(self, root: Path) -> Path:
         return root / f"{self.index}-{self.name}"
@@ -213,7 +216,32 @@ def stage_argv(
         if isinstance(value, str) and models:
             value = REFERENCE.sub(lambda m: models[m.group(1)], value)
         argv.append(f"--{key}={_flag_value(value)}")  # "=": a value may itself start with "--"
-    return argv
+    return argv + stage.flags
+
+
+REHEARSAL_MARK = "rehearsal-pipeline.json"
+
+
+def rehearse(pipeline: Pipeline, output_dir: str | None, fresh: bool, running: bool) -> None:
+    """``--rehearse``: every stage as one CPU process with ``--rehearse``, outputs kept apart from real runs.
+
+    With ``fresh`` (no ``--from_stage``/``--only_stage``) an earlier rehearsal of this pipeline is
+    removed first, so every stage runs again; a folder holding a real pipeline is refused.
+    """
+    from dna_factory.rehearsal import claim_output_dir
+
+    for stage in pipeline.stages:
+        stage.launcher = []
+        stage.gpus = {}
+        stage.flags.append("--rehearse")
+    if not output_dir:
+        pipeline.output_dir = Path("outputs") / "rehearse" / pipeline.name
+    if not running:  # --dry_run / --preview: nothing is written
+        return
+    if fresh or not (pipeline.output_dir / REHEARSAL_MARK).is_file():
+        claim_output_dir(pipeline.output_dir, mark=REHEARSAL_MARK)  # refuses a real pipeline's folder
+    pipeline.output_dir.mkdir(parents=True, exist_ok=True)
+    (pipeline.output_dir / REHEARSAL_MARK).write_text(json.dumps({"recipe": pipeline.name}) + "\n")
 
 
 def input_model(pipeline: Pipeline, stage: PipelineStage) -> str:
@@ -415,6 +443,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output_dir", help="Write the pipeline here instead of the recipe's output_dir.")
     parser.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="Run every stage on CPU for two steps with tiny twins of its models and datasets "
+        "(docs/rehearsal.md); outputs under outputs/rehearse/<name>.",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -429,6 +463,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pipeline = load_pipeline(args.recipe)
         apply_cli_overrides(pipeline, args.set, args.output_dir)
+        if args.rehearse:
+            running = not args.dry_run and args.preview is None
+            rehearse(
+                pipeline, args.output_dir, fresh=not (args.from_stage or args.only_stage), running=running
+            )
         selected = select(pipeline, args.from_stage, args.only_stage)
         rows = validate(pipeline, selected)
         print(f"\nPipeline {pipeline.name}: {len(rows)} stage(s), outputs in {pipeline.output_dir}\n")

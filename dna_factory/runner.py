@@ -20,10 +20,20 @@ import warnings
 from pathlib import Path
 
 from dna_factory.checkpoint_eval import CheckpointEvalArguments, checkpoint_eval_callbacks
-from dna_factory.config import ResolvedConfig, RunArguments, resolve
+from dna_factory.config import ResolvedConfig, RunArguments, field_types, resolve
 from dna_factory.errors import DnaConfigError
 from dna_factory.preview import preview, split_preview_flag
 from dna_factory.prompts import PromptArguments, PromptRule, local_chat_template, resolve_prompt_format
+from dna_factory.rehearsal import (
+    REHEARSE_SOURCE,
+    claim_output_dir,
+    record_first_model_input,
+    rehearsal_layer,
+    rows_per_label,
+    split_rehearse_flag,
+    start_services,
+    write_record,
+)
 from dna_factory.stages import Stage, StageContext, get_stage
 from dna_factory.validation import run_validators
 
@@ -70,12 +80,36 @@ def auto_output_dir(cfg: ResolvedConfig) -> str:
 
 
 def prepare(stage_name: str, argv: list[str]) -> tuple[Stage, ResolvedConfig]:
-    """Parse and validate; raises DnaConfigError. No tokenizer, dataset or model is loaded."""
+    """Parse and validate; raises DnaConfigError. No tokenizer, dataset or model is loaded.
+
+    With ``--rehearse`` a last layer swaps what a CPU cannot run (docs/rehearsal.md); the
+    :class:`~dna_factory.rehearsal.Rehearsal` is kept on ``cfg.rehearsal``.
+    """
+    argv, rehearse = split_rehearse_flag(argv)
     stage = get_stage(stage_name)
     if stage.variant is not None:
         stage = stage.variant(argv)
     foreign = stage.foreign_keys() if stage.foreign_keys else None
-    cfg = resolve(stage.name, stage.defaults, dataclass_types(stage), argv, foreign_keys=foreign)
+    types = dataclass_types(stage)
+    rehearsal = None
+
+    def rehearse_layer(values: dict, sources: dict, recipe: str | None) -> tuple[str, dict]:
+        nonlocal rehearsal
+        rehearsal = rehearsal_layer(values, sources, set(field_types(types)), stage.name, recipe)
+        return REHEARSE_SOURCE, rehearsal.layer
+
+    cfg = resolve(
+        stage.name,
+        stage.defaults,
+        types,
+        argv,
+        foreign_keys=foreign,
+        late_layer=rehearse_layer if rehearse else None,
+    )
+    cfg.rehearsal = rehearsal
+    if rehearsal is not None:
+        for key, reason in rehearsal.reasons.items():
+            logger.info("rehearse: %s -> %s (%s)", key, _short(cfg.get(key)), reason)
     training_args = cfg.of(stage.config_class)
     if training_args.output_dir in (None, "auto", "trainer_output"):
         training_args.output_dir = auto_output_dir(cfg)
@@ -85,6 +119,13 @@ def prepare(stage_name: str, argv: list[str]) -> tuple[Stage, ResolvedConfig]:
         training_args.run_name = Path(training_args.output_dir).name
     run_validators(cfg, stage)
     return stage, cfg
+
+
+def _short(value) -> str:
+    text = str(
+        [d.get("path") if isinstance(d, dict) else d for d in value] if isinstance(value, list) else value
+    )
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def resolve_resume(cfg: ResolvedConfig, output_dir: str) -> str | None:
@@ -247,16 +288,41 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
     training_args = cfg.of(stage.config_class)
     output_dir = training_args.output_dir
     is_main = training_args.process_index == 0
+    if cfg.rehearsal is not None and is_main:
+        claim_output_dir(output_dir)
     if is_main:
         path = write_resolved_config(cfg, output_dir)
         logger.info("Resolved config written to %s", path)
     transformers.set_seed(training_args.seed)
     configure_reporting(training_args, cfg.of(RunArguments))
     resume = resolve_resume(cfg, output_dir)
-    ctx = load_context(stage, cfg)
-    trainer = stage.build_trainer(ctx)
-    started = time.time()
-    result = trainer.train(resume_from_checkpoint=resume)
+    rehearsal = cfg.rehearsal
+    if rehearsal is not None and is_main:
+        write_record(
+            output_dir,
+            substitutions={
+                k: {"was": rehearsal.was[k], "now": cfg.get(k), "why": rehearsal.reasons[k]}
+                for k in rehearsal.layer
+            },
+        )
+    servers: list = []
+    try:
+        if rehearsal is not None:
+            start_services(cfg, servers)
+        ctx = load_context(stage, cfg)
+        trainer = stage.build_trainer(ctx)
+        if rehearsal is not None and is_main:
+            write_record(
+                output_dir,
+                rows_per_label=rows_per_label(ctx.train_dataset),
+                columns=ctx.train_dataset.column_names,
+            )
+            record_first_model_input(trainer, ctx.tokenizer, output_dir)
+        started = time.time()
+        result = trainer.train(resume_from_checkpoint=resume)
+    finally:
+        for server in servers:
+            server.stop()
     trainer.save_model(output_dir)
     summary = {
         "stage": stage.name,
@@ -268,6 +334,7 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
         "train_seconds": round(time.time() - started, 2),
         "metrics": result.metrics,
         "last_log": next((h for h in reversed(trainer.state.log_history) if "loss" in h), None),
+        "peak_gpu_memory_gib": None if getattr(training_args, "use_cpu", False) else _peak_gpu_memory_gib(),
     }
     if is_main:
         history = Path(output_dir) / "log_history.json"
@@ -282,6 +349,15 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
     return summary
 
 
+def _peak_gpu_memory_gib() -> float | None:
+    """This process's peak CUDA memory held by torch tensors (not vLLM's own pool); None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return round(torch.cuda.max_memory_allocated() / 2**30, 3)
+
+
 def _print_help(stage: Stage) -> None:
     """Every key of the stage, grouped by the dataclass that owns it, with its type, default and help."""
     import dataclasses
@@ -289,11 +365,16 @@ def _print_help(stage: Stage) -> None:
     from dna_factory.config import _type_name, field_types
 
     print(
-        f"usage: python {stage.name}.py --config RECIPE.yaml [--key value ...] [--dry_run] [--preview [N]]\n"
+        f"usage: python {stage.name}.py --config RECIPE.yaml [--key value ...] [--dry_run] [--preview [N]] "
+        "[--rehearse]\n"
     )
     print(
         "--preview [N]: load the datasets and the tokenizer, print N rows per dataset label as the trainer "
         "tokenizes them (loss mask, chat template, tools), and exit before any model loads.\n"
+    )
+    print(
+        "--rehearse: run this recipe on CPU for two steps with a tiny model of the same family and chat "
+        "template, a few rows of each dataset and local servers; every change is logged (docs/rehearsal.md).\n"
     )
     print(f"Layers: configs/_defaults-{stage.defaults}.yaml < --config RECIPE < command-line flags.\n")
     seen: set[str] = set()

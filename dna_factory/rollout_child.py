@@ -1,0 +1,53 @@
+"""What runs inside TRL's spawned async rollout child: TRL's loop, with one missing fallback added.
+
+TRL 1.16's ``parse_response`` (``trl/chat_template_utils.py``) falls back to the plain decoded text
+when the tokenizer's parser raises ``ValueError``/``TypeError``, but on an *empty* turn — what a
+request aborted by vLLM (a weight-sync pause, issue 15) comes back with — transformers 5.x's
+``tokenizer.parse_response(ids, prefix=...)`` returns ``[]``, and TRL then raises ``AttributeError:
+'list' object has no attribute 'get'`` inside the rollout child, which kills it (and the trainer
+then waits on the dead child: issue 19). :func:`parse_response` applies TRL's own fallback to any
+parse that gives no message dict.
+
+The child is *spawned*, so a patch made in the trainer process does not reach it. TRL pickles
+``AsyncRolloutWorker._loop_cls`` by reference into the child; pointing it at :class:`RolloutLoop`,
+defined here, makes the child import this module, which installs the same patch there. Pinned by
+``tests/test_rollout_child.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from trl.experimental.async_grpo import async_rollout_worker as _trl_worker
+
+logger = logging.getLogger(__name__)
+
+_trl_parse_response = _trl_worker.parse_response
+_warned = False
+
+
+def parse_response(tokenizer, ids, prefix=None, tools=None) -> dict:
+    """TRL's ``parse_response``, plus its plain-text fallback for a parser that returns no dict."""
+    global _warned
+    try:
+        parsed = _trl_parse_response(tokenizer, ids, prefix=prefix, tools=tools)
+    except AttributeError:
+        parsed = None
+    if isinstance(parsed, dict):
+        return parsed
+    if not _warned:
+        _warned = True
+        logger.warning(
+            "The tokenizer's response parser gave no message for a rollout turn; it is used as plain text "
+            "(TRL's own fallback). Turn: %r",
+            tokenizer.decode(ids)[:300],
+        )
+    return {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}
+
+
+class RolloutLoop(_trl_worker._AsyncRolloutLoop):
+    """TRL's rollout loop, unchanged; defined here so that the spawned child imports this module."""
+
+
+_trl_worker.parse_response = parse_response
+_trl_worker.AsyncRolloutWorker._loop_cls = RolloutLoop

@@ -1,0 +1,262 @@
+"""One command for a machine with one GPU and no Hub access: every training path for a few steps, measured.
+
+    python scripts/gpu_smoke.py                      # writes bench/results/gpu_smoke.json
+    python scripts/gpu_smoke.py --cpu --stages sft   # the same script on CPU (what CI runs to keep it working)
+
+A randomly initialised **Qwen3-0.6B-shaped** model (Qwen3-0.6B's config: 28 layers, hidden 1024,
+16 query / 8 key-value heads of 128, MLP 3072, 151,936-token vocabulary, tied embeddings) is built
+offline with the tiny Qwen3 tokenizer (TRL's ``qwen3.jinja`` verbatim) padded with placeholder
+tokens to the real vocabulary size, so every id the model can sample decodes. Then, each as the
+user's own entry script in its own process, on the project's small local datasets:
+
+========== ===================================================================================
+stage      what runs
+========== ===================================================================================
+sft        ``sft.py``: SFTTrainer, bf16
+grpo       ``grpo.py``: sync GRPO with HF generation
+grpo_vllm  ``grpo.py``: sync GRPO with vLLM colocate (only when vLLM imports)
+async      ``grpo.py --grpo_execution async``: a vLLM server on the same GPU, SDPA tree attention,
+           file weight sync (only when a vLLM server starts)
+distill    ``distill.py``: local teacher (a second random model of the same shape), LoRA student
+========== ===================================================================================
+
+Per stage the JSON holds the exit status, steps, mean step time, training tokens/s (TRL's
+``num_tokens`` over ``train_runtime``), the trainer's peak GPU memory
+(``torch.cuda.max_memory_allocated``, from ``run_summary.json``; vLLM's own pool is not in it),
+and the log tail of a failed stage. Nothing here asserts a speed: the numbers are for the reader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+QWEN3_06B = dict(
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=151936,
+    max_position_embeddings=40960,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-06,
+    tie_word_embeddings=True,
+)
+"""Qwen3-0.6B's published config.json (the shape; the weights here are random)."""
+STAGES = ("sft", "grpo", "grpo_vllm", "async", "distill")
+OUT = REPO / "bench" / "results" / "gpu_smoke.json"
+
+
+def build_model(out: Path, shape: dict, seed: int) -> Path:
+    """A random model of ``shape`` with the tiny Qwen3 tokenizer padded to ``shape['vocab_size']``."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    if (out / "config.json").is_file():
+        return out
+    tokenizer = AutoTokenizer.from_pretrained(REPO / "artifacts" / "tiny" / "student")
+    missing = shape["vocab_size"] - len(tokenizer)
+    if missing > 0:
+        tokenizer.add_tokens([f"<|smoke_{i}|>" for i in range(missing)])
+    config = Qwen3Config(
+        **shape,
+        bos_token_id=None,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out)
+    model.save_pretrained(out)
+    return out
+
+
+def _stage_command(stage: str, model: str, teacher: str, out: Path, cpu: bool, steps: int) -> list[str]:
+    hardware = (
+        ["--use_cpu", "true", "--dtype", "float32"]
+        if cpu
+        else ["--use_cpu", "false", "--bf16", "true", "--dtype", "bfloat16"]
+    )
+    common = [
+        "--model_name_or_path",
+        model,
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        str(steps),
+        "--save_steps",
+        "1000",
+    ]
+    common += ["--logging_steps", "1", "--report_to", "none", *hardware]
+    if stage == "sft":
+        return ["sft.py", "--config", "configs/SFT/tiny-cpu.yaml", *common]
+    if stage == "grpo":
+        return ["grpo.py", "--config", "configs/GRPO/tiny-cpu.yaml", *common, "--use_vllm", "false"]
+    if stage == "grpo_vllm":
+        return ["grpo.py", "--config", "configs/GRPO/tiny-cpu.yaml", *common, "--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization", "0.3"]  # fmt: skip
+    if stage == "async":
+        return ["grpo.py", "--config", "configs/GRPO/tiny-cpu-async.yaml", *common, "--tree_attention", "sdpa", "--weight_sync", "file"]  # fmt: skip
+    if stage == "distill":
+        return [
+            "distill.py",
+            "--config",
+            "configs/Distill/tiny-cpu.yaml",
+            *common,
+            "--teacher_model_name_or_path",
+            teacher,
+        ]
+    raise ValueError(stage)
+
+
+def _measure(out: Path) -> dict:
+    summary = json.loads((out / "run_summary.json").read_text())
+    history = json.loads((out / "log_history.json").read_text())
+    steps = [h for h in history if "loss" in h]
+    tokens = max((h.get("num_tokens") or 0 for h in history), default=0)
+    runtime = (summary.get("metrics") or {}).get("train_runtime") or summary.get("train_seconds")
+    return {
+        "steps": summary.get("global_step"),
+        "step_time_s": round(runtime / max(len(steps), 1), 3) if runtime else None,
+        "train_tokens_per_s": round(tokens / runtime, 1) if tokens and runtime else None,
+        "peak_gpu_memory_gib": summary.get("peak_gpu_memory_gib"),
+    }
+
+
+def run_stage(
+    stage: str, model: str, teacher: str, work: Path, cpu: bool, steps: int, server_url: str | None
+) -> dict:
+    out = work / stage
+    command = [sys.executable, *_stage_command(stage, model, teacher, out, cpu, steps)]
+    if stage == "async":
+        command += ["--vllm_server_base_url", server_url]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    started = time.time()
+    print(f"[gpu_smoke] {stage}: {' '.join(command[1:])}", flush=True)
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    result = {"stage": stage, "exit_status": proc.returncode, "wall_s": round(time.time() - started, 1)}
+    if proc.returncode == 0:
+        result.update(_measure(out))
+    else:
+        result["log_tail"] = proc.stderr[-3000:]
+    print(
+        f"[gpu_smoke] {stage}: {json.dumps({k: v for k, v in result.items() if k != 'log_tail'})}", flush=True
+    )
+    return result
+
+
+def _async_server(model: str, work: Path, cpu: bool):
+    from dna_factory.vllm_server import VLLMServer
+
+    server = VLLMServer(
+        model,
+        served_model_name=[model],
+        extra_args=["--max-model-len", "1024"] + ([] if cpu else ["--gpu-memory-utilization", "0.3"]),
+        env={"VLLM_SERVER_DEV_MODE": "1"},
+        log_path=work / "async-vllm.log",
+    )
+    return server.start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--stages", default=",".join(STAGES), help=f"comma-separated subset of {', '.join(STAGES)}"
+    )
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument(
+        "--cpu", action="store_true", help="run on CPU with the tiny twins (checks the script)"
+    )
+    parser.add_argument("--work", type=Path, default=REPO / "outputs" / "gpu_smoke")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        parser.error(f"unknown stage(s) {sorted(unknown)}; choose from {', '.join(STAGES)}")
+
+    import torch
+
+    if not args.cpu and not torch.cuda.is_available():
+        print(
+            "error: no CUDA device. Run on a GPU machine, or pass --cpu to check the script with the tiny twins."
+        )
+        return 2
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.cpu:
+        model, teacher = "artifacts/tiny/student", "artifacts/tiny/teacher"
+    else:
+        model = str(build_model(args.work / "qwen3-0.6B-shaped", QWEN3_06B, seed=0))
+        teacher = str(build_model(args.work / "qwen3-0.6B-shaped-teacher", QWEN3_06B, seed=1))
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    results = []
+    for stage in stages:
+        if stage in ("grpo_vllm", "async") and not has_vllm:
+            results.append({"stage": stage, "skipped": "vLLM is not importable"})
+            continue
+        if stage == "grpo_vllm" and args.cpu:
+            results.append({"stage": stage, "skipped": "vLLM colocate needs a GPU"})
+            continue
+        server = None
+        if stage == "async":
+            try:
+                server = _async_server(model, args.work, args.cpu)
+            except Exception as exc:  # noqa: BLE001 - recorded, the other stages still run
+                # vLLM imports, so a server that cannot start is a failure, not a skip
+                failure = f"no vLLM server could start: {exc}"[-3000:]
+                results.append({"stage": stage, "exit_status": 1, "log_tail": failure})
+                continue
+        try:
+            results.append(
+                run_stage(stage, model, teacher, args.work, args.cpu, args.steps, server and server.url)
+            )
+        finally:
+            if server is not None:
+                server.stop()
+    device = (
+        torch.cuda.get_device_name(0)
+        if torch.cuda.is_available() and not args.cpu
+        else platform.processor() or "cpu"
+    )
+    report = {
+        "device": device,
+        "model": "Qwen3-0.6B-shaped, random weights" if not args.cpu else "tiny twins (--cpu check)",
+        "steps_per_stage": args.steps,
+        "torch": torch.__version__,
+        "vllm": has_vllm,
+        "stages": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\n{'stage':<10} {'status':<8} {'steps':>5} {'step s':>8} {'tok/s':>10} {'peak GiB':>9}")
+    for r in results:
+        status = (
+            "skipped" if "skipped" in r else ("ok" if r["exit_status"] == 0 else f"exit {r['exit_status']}")
+        )
+        print(
+            f"{r['stage']:<10} {status:<8} {r.get('steps') or '':>5} {r.get('step_time_s') or '':>8} "
+            f"{r.get('train_tokens_per_s') or '':>10} {r.get('peak_gpu_memory_gib') or '':>9}"
+        )
+    print(f"\nwritten to {args.out}")
+    failed = [r for r in results if r.get("exit_status")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
