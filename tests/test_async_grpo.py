@@ -6,6 +6,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -309,40 +310,68 @@ def _restore_server_weights(vllm_server, tiny_model):
         urllib.request.urlopen(request, timeout=120).read()
 
 
-def _positions(out: Path) -> list[int]:
-    lines = (out / "trained_groups.jsonl").read_text().splitlines()
-    return [p for line in lines for p in json.loads(line)["positions"]]
+def _positions(out: Path, *, up_to: int | None = None) -> list[int]:
+    lines = [json.loads(line) for line in (out / "trained_groups.jsonl").read_text().splitlines()]
+    return [p for line in lines if up_to is None or line["step"] <= up_to for p in line["positions"]]
+
+
+ARITH_ROWS = {
+    json.loads(line)["prompt"][0]["content"]: i
+    for i, line in enumerate((REPO / "data/tiny/arith_prompts.jsonl").read_text().splitlines())
+}
+
+
+def _observed(path: Path, *, up_to: int) -> set[int]:
+    """Rows of data/tiny/arith_prompts.jsonl whose question reached TRL's compute_loss by step ``up_to``."""
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return {ARITH_ROWS[q] for r in records if r["step"] <= up_to for q in r["questions"]}
+
+
+def _declared_done(checkpoint: Path) -> set[int]:
+    state = json.loads((checkpoint / "rollout_state.json").read_text())
+    return set(range(state["prompt_index"])) | set(state["done_above"])
+
+
+def _wait_for_checkpoint(child: subprocess.Popen, checkpoint: Path, timeout: float = 400) -> None:
+    """Until the checkpoint is whole: dna-factory's rollout_state.json (with done_above) is written last."""
+    deadline = time.time() + timeout
+    state = checkpoint / "rollout_state.json"
+    while not (state.is_file() and "done_above" in state.read_text()):
+        assert child.poll() is None, child.stderr.read()[-3000:]
+        assert time.time() < deadline, f"no complete {checkpoint.name} within {timeout} s"
+        time.sleep(0.2)
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_async_trains_stops_resumes_and_finishes(vllm_server, tiny_model, tmp_path):
+    """Kill after checkpoint-2, resume to step 4: what reached the loss (decoded from the model's input_ids by
+    tests/loss_observer.py, not from our records) is exactly what each checkpoint calls done, and no group is
+    trained twice. max_staleness is raised so that no sample is dropped (a dropped group is done untrained)."""
     url = vllm_server.base_url.removesuffix("/v1")
     out = tmp_path / "async"
+    observed_1, observed_2 = tmp_path / "loss-1.jsonl", tmp_path / "loss-2.jsonl"
     args = ["grpo.py", "--config", ASYNC, "--vllm_server_base_url", url, "--output_dir", str(out),
-            "--save_steps", "2", "--save_total_limit", "5", "--max_steps", "6"]  # fmt: skip
+            "--max_staleness", "100", "--save_steps", "2", "--save_total_limit", "5", "--max_steps", "6"]  # fmt: skip
     try:
         child = subprocess.Popen(
-            [sys.executable, *args], cwd=REPO, env=cli_env(), start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            [sys.executable, "tests/loss_observer.py", str(observed_1), *args], cwd=REPO, env=cli_env(),
+            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        deadline = time.time() + 400
-        while not (out / "checkpoint-2" / "trainer_state.json").is_file():
-            assert child.poll() is None, child.stderr.read()[-3000:]
-            assert time.time() < deadline
-            time.sleep(0.2)
+        _wait_for_checkpoint(child, out / "checkpoint-2")
         os.killpg(child.pid, signal.SIGKILL)  # the trainer and its rollout-worker child
         child.wait()
-        state = json.loads((out / "checkpoint-2" / "rollout_state.json").read_text())
-        assert {"prompt_index", "done_above", "model_version"} <= set(state)
         for later in out.glob("checkpoint-*"):
             if later.name != "checkpoint-2":
-                import shutil
-
                 shutil.rmtree(later)
-        before = set(_positions(out))
+        trained_1 = _observed(observed_1, up_to=2)
+        done_2 = _declared_done(out / "checkpoint-2")
+        assert done_2 == trained_1, (
+            f"checkpoint-2 calls done groups that never reached the loss: {sorted(done_2 - trained_1)}; "
+            f"trained but not done: {sorted(trained_1 - done_2)}"
+        )
 
-        proc = run_cli(*args[:-1], "4", timeout=600)
+        proc = run_cli("tests/loss_observer.py", str(observed_2), *args[:-1], "4", timeout=600)
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert "Exact resume from" in proc.stderr
         first_sync, worker_start = proc.stderr.find("Weight sync 1:"), proc.stderr.find("spawned child")
@@ -351,11 +380,45 @@ def test_async_trains_stops_resumes_and_finishes(vllm_server, tiny_model, tmp_pa
         )
         summary = json.loads((out / "run_summary.json").read_text())
         assert summary["global_step"] == 4 and summary["resumed_from"].endswith("checkpoint-2")
-        assert (out / "checkpoint-4" / "rollout_state.json").is_file()
+        trained_2 = _observed(observed_2, up_to=4)
+        assert trained_2 and not trained_1 & trained_2, f"trained twice: {sorted(trained_1 & trained_2)}"
+        done_4 = _declared_done(out / "checkpoint-4")
+        assert done_4 == trained_1 | trained_2, (
+            f"checkpoint-4 calls done groups that never reached the loss: {sorted(done_4 - trained_1 - trained_2)}; "
+            f"trained but not done: {sorted((trained_1 | trained_2) - done_4)}"
+        )
         positions = _positions(out)
-        assert len(positions) == len(set(positions)), "a prompt group was trained twice"
-        assert set(positions) > before
+        assert len(positions) == len(set(positions)) and set(positions) == trained_1 | trained_2
         history = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())["log_history"]
         assert any("sample/staleness_mean" in h and "perf/rollout_wait_s" in h for h in history)
+    finally:
+        _restore_server_weights(vllm_server, tiny_model)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_async_resume_runs_past_four_epochs_of_a_small_prompt_set(vllm_server, tiny_model, tmp_path):
+    """Two prompts, resumed after step 1 and trained for more than four passes over them: no IndexError in
+    a callback, every stream position trained at most once, and every pass covers both prompts."""
+    url = vllm_server.base_url.removesuffix("/v1")
+    rows = (REPO / "data/tiny/arith_prompts.jsonl").read_text().splitlines()[:2]
+    data = tmp_path / "two.jsonl"
+    data.write_text("".join(line + "\n" for line in rows))
+    recipe = tmp_path / "two.yaml"
+    recipe.write_text((REPO / ASYNC).read_text().replace("data/tiny/arith_prompts.jsonl", str(data)))
+    out = tmp_path / "epochs"
+    args = ["grpo.py", "--config", str(recipe), "--vllm_server_base_url", url, "--output_dir", str(out),
+            "--max_staleness", "100", "--save_steps", "1", "--max_steps"]  # fmt: skip
+    try:
+        first = run_cli(*args, "1", timeout=600)
+        assert first.returncode == 0, first.stderr[-4000:]
+        resumed = run_cli(*args, "5", timeout=600)
+        assert resumed.returncode == 0, resumed.stderr[-4000:]
+        assert "Exact resume from" in resumed.stderr
+        positions = _positions(out)
+        assert len(positions) == len(set(positions)), "a stream position was trained twice"
+        assert len(positions) > 4 * 2 + 2, f"the resumed run must go past four epochs: {sorted(positions)}"
+        done = _declared_done(out / "checkpoint-5")
+        assert set(positions) <= done
     finally:
         _restore_server_weights(vllm_server, tiny_model)
