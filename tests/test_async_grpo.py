@@ -55,6 +55,75 @@ def test_trl_async_canary():
     assert callable(TreeRow.pack)
 
 
+LOOK_AHEAD = """
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration
+from torch.utils.data import DataLoader, IterableDataset
+
+class Counting(IterableDataset):
+    def __iter__(self):
+        yield from range(5)
+
+collated = []
+def collate(batch):
+    collated.append(batch[0])
+    return torch.tensor(batch)
+
+accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+loader = accelerator.prepare(DataLoader(Counting(), batch_size=1, collate_fn=collate))
+assert loader.collate_fn is collate, "the prepared loader hides the collator"
+first = next(iter(loader))
+print(int(first[0]), len(collated))
+"""
+
+
+def test_accelerate_dispatcher_collates_one_micro_batch_ahead():
+    """Canary (accelerate 1.15): with dispatch_batches=True the next micro-batch is collated before the current one
+    is handed out, and the prepared loader exposes the collator. This is why groups count as trained only in
+    training_step (dna_factory/async_trainer.py); if the look-ahead goes, the bookkeeping must be revisited."""
+    proc = subprocess.run([sys.executable, "-c", LOOK_AHEAD], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["0", "2"], proc.stdout
+
+
+def test_trl_rollout_numbering_and_queue_reads_canary():
+    """Canary (TRL 1.16): the contracts exact resume is built on.
+
+    The worker numbers groups 0, 1, 2, ... from its start and keeps counting when it wraps round the dataset
+    (so group g is stream position start + g); the start is ``dataset_start_index % len(dataset)``; the queue
+    dataset reads the queue through ``get(timeout=...)`` only (plus ``qsize`` for a metric); the collator adds each
+    micro-batch's group ids with one ``groups_trained.update``.
+    """
+    from datasets import Dataset
+    from trl.experimental.async_grpo import async_grpo_trainer as module
+    from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
+
+    loop = object.__new__(_AsyncRolloutLoop)  # only _repeat_iterator's own state
+    loop.dataset = Dataset.from_dict({"row": [0, 1, 2]})
+    loop._dataset_iter = iter(
+        loop.dataset.select(range(1, 3))
+    )  # what __init__ builds for dataset_start_index=1
+    loop.num_generations = 2
+    stream = loop._repeat_iterator()
+    seen = [next(stream) for _ in range(2 * 7)]
+    assert [(g, r["row"]) for g, r in seen[::2]] == [(g, (1 + g) % 3) for g in range(7)]
+    assert all(a == b for a, b in zip(seen[::2], seen[1::2], strict=True)), "num_generations copies per group"
+    init_src = inspect.getsource(_AsyncRolloutLoop.__init__)
+    assert "start = dataset_start_index % len(dataset)" in init_src
+    assert "dataset.select(range(start, len(dataset)))" in init_src
+
+    iter_src = inspect.getsource(module.RolloutQueueDataset.__iter__)
+    assert set(re.findall(r"self\.queue\.(\w+)", iter_src)) == {"get", "qsize"}
+    assert "self.queue.get(timeout=" in iter_src
+    collate_src = inspect.getsource(module.DataCollatorForRollout.torch_call)
+    assert collate_src.count("self.groups_trained.update(") == 1
+    assert "groups_trained=self._trained_groups" in inspect.getsource(
+        module.AsyncGRPOTrainer.get_train_dataloader
+    )
+    assert "self._trained_groups" in inspect.getsource(module.AsyncGRPOTrainer._log_step_metrics)
+
+
 class _QueueDrained(Exception):
     pass
 
@@ -422,3 +491,88 @@ def test_async_resume_runs_past_four_epochs_of_a_small_prompt_set(vllm_server, t
         assert set(positions) <= done
     finally:
         _restore_server_weights(vllm_server, tiny_model)
+
+
+def _complete(base: str, max_tokens: int) -> dict:
+    """One plain completion from the shared server, every token forced (ignore_eos)."""
+    body = {"model": "tiny", "prompt": "Count with me: one, two,", "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 1.0, "return_token_ids": True}  # fmt: skip
+    request = urllib.request.Request(
+        base + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return json.loads(response.read())["choices"][0]
+
+
+def _post_server(base: str, path: str) -> str:
+    request = urllib.request.Request(base + path, data=b"{}", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return response.read().decode()
+
+
+@pytest.mark.vllm
+def test_file_weight_sync_during_generation_aborts_no_request(vllm_server, tiny_model, tmp_path):
+    """#15 item 2: a weight sync while requests are in flight lets every one of them finish whole (vLLM 0.32's
+    bare /pause aborts them: HTTP 200, finish_reason "abort", a cut-off completion that TRL would score)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transformers import AutoModelForCausalLM
+
+    from dna_factory.weight_sync import FileWeightTransfer
+
+    base, length = vllm_server.base_url.removesuffix("/v1"), 400
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    transfer = FileWeightTransfer(
+        base,
+        tmp_path / "weights",
+        config_dir=tiny_model,
+        tie_word_embeddings=model.config.tie_word_embeddings,
+    )
+    transfer.init_weight_transfer()
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(_complete, base, length) for _ in range(4)]
+            time.sleep(1.0)
+            in_flight = sum(not f.done() for f in futures)
+            transfer.pause()
+            transfer.send_weights(iter(model.state_dict().items()))
+            transfer.resume()
+            choices = [f.result() for f in futures]
+        assert in_flight > 0, "no request was in flight during the sync: the test proves nothing, lengthen it"
+        assert [c["finish_reason"] for c in choices] == ["length"] * 4
+        assert [len(c["token_ids"]) for c in choices] == [length] * 4
+    finally:
+        _restore_server_weights(vllm_server, tiny_model)
+
+
+@pytest.mark.vllm
+def test_rollout_child_resubmits_a_completion_the_server_aborted(vllm_server):
+    """#15 item 2: a completion vLLM aborts (here a bare /pause, vLLM's mode=abort) is never handed to scoring:
+    the rollout child's request comes back whole after a resubmission, counted in rollout/aborted_total."""
+    import asyncio
+    from collections import defaultdict
+
+    import aiohttp
+
+    from dna_factory.rollout_child import RolloutLoop
+
+    base, length = vllm_server.base_url.removesuffix("/v1"), 400
+    body = {"model": "tiny", "prompt": "Count with me: one, two,", "max_tokens": length, "ignore_eos": True,
+            "temperature": 1.0, "return_token_ids": True}  # fmt: skip
+
+    async def scenario():
+        loop = object.__new__(RolloutLoop)  # only what TRL's _post and _retry use
+        loop.vllm_server_url, loop._counters = base, defaultdict(float)
+        async with aiohttp.ClientSession() as session:
+            loop.session = session
+            request = asyncio.create_task(loop._post("/v1/completions", body, 300))
+            await asyncio.sleep(1.0)
+            assert not request.done(), "the request finished before the abort: lengthen it"
+            await asyncio.to_thread(_post_server, base, "/pause")
+            await asyncio.to_thread(_post_server, base, "/resume")
+            return await request, dict(loop._counters)
+
+    content, counters = asyncio.run(scenario())
+    choice = content["choices"][0]
+    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == length, choice["finish_reason"]
+    assert counters.get("rollout/aborted_total") == 1
