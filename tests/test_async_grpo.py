@@ -221,6 +221,18 @@ REJECTED = {
         {"ACCELERATE_USE_FSDP": "true"},
         "FSDP is configured (ACCELERATE_USE_FSDP). AsyncGRPO supports one training GPU only",
     ),
+    "deepspeed env": (
+        [],
+        {"ACCELERATE_USE_DEEPSPEED": "true"},
+        "DeepSpeed is configured (ACCELERATE_USE_DEEPSPEED). AsyncGRPO supports one training GPU only",
+    ),
+    "fsdp key": (
+        ["--fsdp", "full_shard"],
+        {},
+        "FSDP is configured. AsyncGRPO supports one training GPU only",
+    ),
+    "8-bit": (["--load_in_8bit"], {}, "does not train quantised (4/8-bit) models"),
+    "attention": (["--attn_implementation", "sdpa"], {}, "Remove attn_implementation"),
     "two processes": ([], {"WORLD_SIZE": "2"}, "WORLD_SIZE=2: more than one training process"),
     "two gpus": ([], {"CUDA_VISIBLE_DEVICES": "0,1"}, "2 GPUs are visible to the trainer"),
     "eval": (["--eval_strategy", "steps"], {}, "AsyncGRPO does not run evaluation"),
@@ -257,7 +269,41 @@ def test_a_rejected_combination_exits_2_from_the_command_line_before_loading(tin
     assert "Loading weights" not in proc.stderr
 
 
+def test_an_already_quantised_checkpoint_is_rejected_like_load_in_4bit(tiny_model, tmp_path):
+    quantised = tmp_path / "quantised"
+    shutil.copytree(tiny_model, quantised)
+    config = json.loads((quantised / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    (quantised / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DnaConfigError, match="is already quantised .*bitsandbytes"):
+        prepare(
+            "grpo",
+            [
+                "--config",
+                ASYNC,
+                "--vllm_server_base_url",
+                DOWN,
+                "--model_name_or_path",
+                str(quantised),
+                "--dry_run",
+            ],
+        )
+
+
 # ----------------------------------------------------------------------------------------- server checks
+
+
+def test_an_unreachable_server_is_one_error_line_after_a_bounded_visible_wait(tiny_model, tmp_path):
+    """#15 item 4: the run never starts unfiltered against a server that did not answer; it waits server_wait_s
+    (logged), then stops with one line naming the URL, before any data, tokenizer or model loads."""
+    proc = run_cli("grpo.py", "--config", ASYNC, "--vllm_server_base_url", DOWN, "--server_wait_s", "3",
+                   "--output_dir", str(tmp_path / "run"), timeout=150)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"Waiting for the vLLM server at {DOWN}" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: The vLLM server at {DOWN} did not answer /health within 3 s"), last
+    assert "server_wait_s" in last and "Traceback" not in proc.stderr
+    assert "Training mixture" not in proc.stderr, "the wait must come before the data loads"
 
 
 def test_server_down_check_is_skipped_and_dry_run_passes(tiny_model):
