@@ -93,7 +93,8 @@ def test_trl_rollout_numbering_and_queue_reads_canary():
     The worker numbers groups 0, 1, 2, ... from its start and keeps counting when it wraps round the dataset
     (so group g is stream position start + g); the start is ``dataset_start_index % len(dataset)``; the queue
     dataset reads the queue through ``get(timeout=...)`` only (plus ``qsize`` for a metric); the collator adds each
-    micro-batch's group ids with one ``groups_trained.update``.
+    micro-batch's group ids with one ``groups_trained.update``; every completion request goes through ``_post``
+    and TRL itself never reads ``finish_reason`` (dna_factory/rollout_child.py resubmits aborted ones).
     """
     from datasets import Dataset
     from trl.experimental.async_grpo import async_grpo_trainer as module
@@ -113,6 +114,9 @@ def test_trl_rollout_numbering_and_queue_reads_canary():
     assert "start = dataset_start_index % len(dataset)" in init_src
     assert "dataset.select(range(start, len(dataset)))" in init_src
 
+    turn_src = inspect.getsource(_AsyncRolloutLoop._generate_one_turn)
+    assert 'self._post("/v1/completions"' in turn_src, "RolloutLoop._post no longer sees the completions"
+    assert "finish_reason" not in turn_src, "TRL reads finish_reason now: RolloutLoop._post may be redundant"
     iter_src = inspect.getsource(module.RolloutQueueDataset.__iter__)
     assert set(re.findall(r"self\.queue\.(\w+)", iter_src)) == {"get", "qsize"}
     assert "self.queue.get(timeout=" in iter_src
@@ -514,7 +518,8 @@ def test_async_trains_stops_resumes_and_finishes(vllm_server, tiny_model, tmp_pa
 @pytest.mark.slow
 def test_async_resume_runs_past_four_epochs_of_a_small_prompt_set(vllm_server, tiny_model, tmp_path):
     """Two prompts, resumed after step 1 and trained for more than four passes over them: no IndexError in
-    a callback, every stream position trained at most once, and every pass covers both prompts."""
+    a callback, every stream position trained at most once. Then a resume with another max_completion_length
+    (the over-long filter would keep other rows, so positions would mean other prompts) is refused."""
     url = vllm_server.base_url.removesuffix("/v1")
     rows = (REPO / "data/tiny/arith_prompts.jsonl").read_text().splitlines()[:2]
     data = tmp_path / "two.jsonl"
@@ -535,6 +540,17 @@ def test_async_resume_runs_past_four_epochs_of_a_small_prompt_set(vllm_server, t
         assert len(positions) > 4 * 2 + 2, f"the resumed run must go past four epochs: {sorted(positions)}"
         done = _declared_done(out / "checkpoint-5")
         assert set(positions) <= done
+
+        # #15 item 5: positions index the filtered prompt stream; a resume whose stream differs is refused.
+        (out / "trained_groups.jsonl").rename(out / "kept.jsonl")
+        changed = run_cli(*args, "6", "--max_completion_length", "8", timeout=600)
+        assert changed.returncode == 2, changed.stderr[-3000:]
+        last = changed.stderr.strip().splitlines()[-1]
+        assert (
+            last.startswith("error: ") and "max_completion_length" in last and "16" in last and "8" in last
+        ), last
+        assert "Traceback" not in changed.stderr
+        assert not (out / "trained_groups.jsonl").exists(), "a refused resume trained"
     finally:
         _restore_server_weights(vllm_server, tiny_model)
 
