@@ -17,6 +17,7 @@ import json
 import re
 import runpy
 import sys
+from pathlib import Path
 
 USER_TURN = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
 
@@ -42,6 +43,7 @@ def main() -> None:
 
     AsyncGRPOTrainer.compute_loss = observed_compute_loss
     sys.argv = [script, *args]
+    sys.path[0] = str(Path(script).resolve().parent)  # as `python grpo.py` has it: this checkout's dna_factory
     runpy.run_path(script, run_name="__main__")
 
 

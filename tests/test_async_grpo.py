@@ -451,13 +451,15 @@ def _declared_done(checkpoint: Path) -> set[int]:
     return set(range(state["prompt_index"])) | set(state["done_above"])
 
 
-def _wait_for_checkpoint(child: subprocess.Popen, checkpoint: Path, timeout: float = 400) -> None:
+def _wait_for_checkpoint(child: subprocess.Popen, checkpoint: Path, log: Path, timeout: float = 400) -> None:
     """Until the checkpoint is whole: dna-factory's rollout_state.json (with done_above) is written last."""
     deadline = time.time() + timeout
     state = checkpoint / "rollout_state.json"
     while not (state.is_file() and "done_above" in state.read_text()):
-        assert child.poll() is None, child.stderr.read()[-3000:]
-        assert time.time() < deadline, f"no complete {checkpoint.name} within {timeout} s"
+        assert child.poll() is None, log.read_text()[-3000:]
+        assert time.time() < deadline, (
+            f"no complete {checkpoint.name} within {timeout} s: {log.read_text()[-3000:]}"
+        )
         time.sleep(0.2)
 
 
@@ -473,11 +475,13 @@ def test_async_trains_stops_resumes_and_finishes(vllm_server, tiny_model, tmp_pa
     args = ["grpo.py", "--config", ASYNC, "--vllm_server_base_url", url, "--output_dir", str(out),
             "--max_staleness", "100", "--save_steps", "2", "--save_total_limit", "5", "--max_steps", "6"]  # fmt: skip
     try:
-        child = subprocess.Popen(
-            [sys.executable, "tests/loss_observer.py", str(observed_1), *args], cwd=REPO, env=cli_env(),
-            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        _wait_for_checkpoint(child, out / "checkpoint-2")
+        log = tmp_path / "run-1.log"  # a file, not a pipe: nobody reads a pipe while the run fills it
+        with open(log, "w") as stderr:
+            child = subprocess.Popen(
+                [sys.executable, "tests/loss_observer.py", str(observed_1), *args], cwd=REPO, env=cli_env(),
+                start_new_session=True, stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+            )  # fmt: skip
+        _wait_for_checkpoint(child, out / "checkpoint-2", log)
         os.killpg(child.pid, signal.SIGKILL)  # the trainer and its rollout-worker child
         child.wait()
         for later in out.glob("checkpoint-*"):
