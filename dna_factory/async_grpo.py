@@ -19,7 +19,8 @@ import urllib.request
 from pathlib import Path
 
 from dna_factory.config import ResolvedConfig
-from dna_factory.errors import DnaConfigError
+from dna_factory.errors import DnaConfigError, DnaServiceError
+from dna_factory.services import wait_for_health
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,24 @@ def validate_async_environment() -> None:
         )
 
 
+def _checkpoint_quantisation(model: str | None) -> str | None:
+    """The ``quant_method`` of a local checkpoint whose config.json carries ``quantization_config``, else None."""
+    config = Path(str(model or "")) / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        quantization = json.loads(config.read_text()).get("quantization_config")
+    except (OSError, ValueError):
+        return None
+    if not quantization:
+        return None
+    return (
+        str(quantization.get("quant_method", "quantization_config"))
+        if isinstance(quantization, dict)
+        else "yes"
+    )
+
+
 def validate_async_args(cfg: ResolvedConfig) -> None:
     """Reject what AsyncGRPO cannot run (S-ASYNC-2). Pure over the config and the launch environment."""
     validate_async_environment()
@@ -92,6 +111,19 @@ def validate_async_args(cfg: ResolvedConfig) -> None:
         raise DnaConfigError(
             "AsyncGRPO does not train quantised (4/8-bit) models: the weights pushed to vLLM must be the trained "
             "full-precision ones. Remove load_in_4bit / load_in_8bit."
+        )
+    if get("attn_implementation"):
+        raise DnaConfigError(
+            f"attn_implementation={get('attn_implementation')!r}: AsyncGRPO loads the model with TRL's tree "
+            "attention and picks the kernel with tree_attention (fa3 on GPUs with FlashAttention-3, sdpa anywhere). "
+            "Remove attn_implementation."
+        )
+    quantised = _checkpoint_quantisation(get("model_name_or_path"))
+    if quantised:
+        raise DnaConfigError(
+            f"{get('model_name_or_path')} is already quantised ({quantised} in its config.json). AsyncGRPO does not "
+            "train quantised (4/8-bit) models: the weights pushed to vLLM must be the trained full-precision ones. "
+            "Start from the full-precision checkpoint."
         )
     if get("use_peft"):
         raise DnaConfigError(
@@ -185,6 +217,32 @@ def validate_completion_length_against_server(cfg: ResolvedConfig) -> int | None
         max_model_len - completion,
     )
     return max_model_len
+
+
+def server_root(base_url: str | None) -> str:
+    return (base_url or "http://localhost:8000").rstrip("/").removesuffix("/v1")
+
+
+def wait_for_server(cfg: ResolvedConfig, wait_s: float) -> None:
+    """Before data, tokenizer and model load: wait (bounded by ``wait_s``, the recipe's ``server_wait_s``) for the server.
+
+    Then run the server checks of :func:`validate_completion_length_against_server` for real: a run
+    never starts generating against a server whose ``max_model_len`` it could not read, so the
+    over-long-prompt filter is never skipped.
+    """
+    root = server_root(cfg.get("vllm_server_base_url"))
+    wait_for_health(
+        root,
+        "vLLM server",
+        wait_s,
+        f"VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model {cfg.get('model_name_or_path')} "
+        "--max-model-len N; docs/async-grpo.md",
+        "server_wait_s",
+    )
+    if validate_completion_length_against_server(cfg) is None:
+        raise DnaServiceError(
+            f"The vLLM server at {root} answers /health but not /v1/models; is it a vLLM server?"
+        )
 
 
 def setup_async_training_args(cfg: ResolvedConfig) -> int | None:

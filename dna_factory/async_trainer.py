@@ -1,37 +1,46 @@
 """TRL's AsyncGRPOTrainer with a portable attention path, file weight sync and exact resume.
 
 Written against TRL 1.16.0; every touch of its private API lives in this module and is guarded
-by ``tests/test_async_grpo.py::test_trl_async_canary``:
-``AsyncGRPOTrainer._save_checkpoint`` / ``._inner_training_loop`` (overridden, calling super),
-``get_train_dataloader`` (reads ``self.rollout_queue``), the attributes ``_trained_groups``,
-``_groups_before_resume``, ``model_version``, ``rollout_worker._loop_kwargs`` and
-``rollout_worker.start``, and the module-level ``get_peak_flops_per_device`` (made CUDA-optional).
+by the canary tests in ``tests/test_async_grpo.py``:
+``AsyncGRPOTrainer._save_checkpoint`` / ``._inner_training_loop`` / ``training_step`` (overridden,
+calling super), ``get_train_dataloader`` (reads ``self.rollout_queue`` only through ``get``; its
+collator's ``groups_trained.update`` per micro-batch), the attributes ``_trained_groups``,
+``model_version``, ``rollout_worker._loop_kwargs`` and ``rollout_worker.start``, the worker's group
+numbering (0, 1, 2, ... from ``dataset_start_index``, wrapping round the dataset), accelerate's
+one-micro-batch look-ahead, and the module-level ``get_peak_flops_per_device`` (made CUDA-optional).
 
-Exact resume (S-ASYNC-6, fixed). TRL numbers prompt groups by their position in the rollout
-worker's prompt stream and saves ``prompt_index`` = the smallest position not yet trained (a
-low-water mark). A group whose samples were all dropped (stale, or longer than ``token_budget``)
-never counts as trained, so it pins the mark, and on resume every group above it is generated
-and trained again. Here a position is *done* when at least one of its samples reached the model,
-or when all ``num_generations`` of its samples were dropped (the same treatment a dropped sample
-gets during the run: it is skipped, not retried). ``rollout_state.json`` keeps TRL's
-``prompt_index`` (the mark over done positions) plus ``done_above``, the done positions above
-the mark. On resume the worker's prompt stream is rebuilt as every position from the mark on,
-minus ``done_above``, so no group is trained twice and none is skipped. Groups that were
-generated but still queued at the checkpoint are not done and are generated again.
+Exact resume (S-ASYNC-6, fixed). TRL numbers prompt groups 0, 1, 2, ... from where its rollout
+worker starts; a worker started at ``dataset_start_index = m`` gives group ``g`` the row
+``(m + g) % len(dataset)``, wrapping round the dataset for ever, so group ``g`` is stream position
+``m + g``. TRL saves ``prompt_index`` = the smallest position not yet trained (a low-water mark) and
+counts a group as trained when its micro-batch is *collated*; accelerate's ``DataLoaderDispatcher``
+(``dispatch_batches=True``) collates one micro-batch ahead, so at a checkpoint TRL counts a micro-batch
+that never reached the model. Here a position is *done* when at least one of its samples reached
+``training_step`` (the collator's group ids are queued per micro-batch and taken off when that
+micro-batch is consumed), or when all ``num_generations`` of its samples were dropped (stale, or
+longer than ``token_budget``: skipped, not retried, as a dropped sample is during the run).
+``rollout_state.json`` keeps ``prompt_index`` (the mark over done positions) plus ``done_above``, the
+done positions above the mark. On resume TRL starts its worker at the mark, and the samples of
+positions in ``done_above`` are regenerated but dropped at the queue, before any batching (counted,
+logged once): no group is trained twice, none is skipped, and the stream keeps TRL's own numbering
+past any number of epochs. Groups generated but not trained at the checkpoint are generated again.
 ``<output_dir>/trained_groups.jsonl`` records, per optimizer step, the positions trained.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+from collections import deque
 from pathlib import Path
 
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 from trl.experimental.async_grpo import async_grpo_trainer as _trl_async
 
-import dna_factory.rollout_child  # noqa: F401  (TRL's rollout child, with its parse_response fallback)
+import dna_factory.rollout_child  # noqa: F401  (TRL's rollout child, with its two guards)
+from dna_factory.errors import DnaConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +59,6 @@ _trl_async.get_peak_flops_per_device = _peak_flops_per_device
 TRL_VERSION = "1.16.0"
 ROLLOUT_STATE = "rollout_state.json"
 TRAINED_RECORD = "trained_groups.jsonl"
-RESUME_HORIZON_EPOCHS = 4  # the rebuilt stream covers this many passes over the data after the resume point
 
 
 def dropped_before_training(
@@ -67,17 +75,57 @@ def dropped_before_training(
     return (token_budget or 0) > 0 and len(sample.input_ids) > token_budget
 
 
+def prompt_stream(dataset, *, max_model_len: int | None, max_completion_length: int) -> dict:
+    """What makes positions in ``rollout_state.json`` mean the same prompts: the filtered rows and their settings."""
+    digest = hashlib.sha256()
+    for prompt in dataset["prompt"]:
+        digest.update(json.dumps(prompt, sort_keys=True, ensure_ascii=False).encode())
+        digest.update(b"\n")
+    return {
+        "rows": len(dataset),
+        "sha256": digest.hexdigest(),
+        "max_model_len": max_model_len,
+        "max_completion_length": max_completion_length,
+    }
+
+
+def stream_change(saved: dict, now: dict) -> str | None:
+    """How the prompt stream of a checkpoint differs from this run's, in words; None when it is the same."""
+    settings = [
+        f"{key} was {saved.get(key)}, now {now.get(key)}"
+        for key in ("max_completion_length", "max_model_len")
+        if saved.get(key) != now.get(key)
+    ]
+    if settings:
+        return "; ".join(settings) + " (the over-long-prompt filter keeps other rows)"
+    if saved.get("rows") != now.get("rows") or saved.get("sha256") != now.get("sha256"):
+        return (
+            f"the training prompts differ ({saved.get('rows')} rows then, {now.get('rows')} now: datasets, mixture, "
+            "seed or prompt settings changed)"
+        )
+    return None
+
+
 class _QueueWatcher:
-    """Transparent proxy for the rollout queue: sees every sample the trainer takes and notes the dropped ones."""
+    """Transparent proxy for the rollout queue: sees every sample the trainer takes.
+
+    Samples of positions trained before the resume are dropped here (taken, never returned); the
+    other dropped ones are noted. TRL 1.16's ``RolloutQueueDataset`` reads the queue only through
+    ``get(timeout=...)`` (pinned by a canary test).
+    """
 
     def __init__(self, queue, trainer: DnaAsyncGRPOTrainer):
         self._queue = queue
         self._trainer = trainer
 
     def get(self, *args, **kwargs):
-        sample = self._queue.get(*args, **kwargs)
         trainer = self._trainer
-        if dropped_before_training(
+        while True:
+            sample = self._queue.get(*args, **kwargs)
+            if sample is None or not trainer._done_before_resume(sample.group_id):
+                break
+            trainer._note_already_trained(sample.group_id)
+        if sample is not None and dropped_before_training(
             sample,
             model_version=trainer.model_version,
             max_staleness=trainer.args.max_staleness,
@@ -90,21 +138,37 @@ class _QueueWatcher:
         return getattr(self._queue, name)
 
 
+class _CollatedGroups:
+    """Stands in for the collator's ``groups_trained`` set: one entry per collated micro-batch, in order.
+
+    TRL 1.16's ``DataCollatorForRollout.torch_call`` calls ``groups_trained.update(...)`` once per
+    micro-batch; the trainer takes the entries off in ``training_step``, when the micro-batch is used.
+    """
+
+    def __init__(self):
+        self.pending: deque[set[int]] = deque()
+
+    def update(self, group_ids) -> None:
+        self.pending.append(set(group_ids))
+
+
 class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
     """AsyncGRPOTrainer + ``tree_attention: sdpa`` + injected weight transfer + exact resume."""
 
-    def __init__(self, *args, tree_attention: str = "fa3", **kwargs):
+    def __init__(self, *args, tree_attention: str = "fa3", prompt_stream: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         if tree_attention == "sdpa":
             from dna_factory.tree_attention import use_tree_sdpa
 
             use_tree_sdpa(self.model)
-        self._positions: list[int] | None = None  # worker group id -> stream position (None: identity)
+        self._start = 0  # stream position of worker group 0 (TRL's dataset_start_index)
+        self._collated = _CollatedGroups()
         self._drops: dict[int, int] = {}
         self._abandoned: set[int] = set()  # positions whose samples were all dropped
         self._recorded: set[int] = set()
-        self._done_before: set[int] = set()  # done positions carried over from the checkpoint
-        self._mark_before = 0
+        self._done_above_before: set[int] = set()  # done positions above the resume mark
+        self._skipped: set[int] = set()  # positions regenerated after the resume and dropped as done
+        self.prompt_stream = prompt_stream  # see prompt_stream(): a resume must find the same stream
         if self.rollout_worker is not None and hasattr(self.rollout_worker, "_loop_kwargs"):
             original_start = self.rollout_worker.start
 
@@ -117,7 +181,22 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
     # ------------------------------------------------------------------ bookkeeping
 
     def _position(self, group_id: int) -> int:
-        return self._positions[group_id] if self._positions is not None else group_id
+        return self._start + group_id
+
+    def _done_before_resume(self, group_id: int) -> bool:
+        return self._position(group_id) in self._done_above_before
+
+    def _note_already_trained(self, group_id: int) -> None:
+        position = self._position(group_id)
+        if position not in self._skipped:
+            self._skipped.add(position)
+            logger.info(
+                "Resume: prompt group at stream position %d was trained before the checkpoint; its regenerated "
+                "samples are dropped (%d of %d such groups so far).",
+                position,
+                len(self._skipped),
+                len(self._done_above_before),
+            )
 
     def _note_drop(self, group_id: int) -> None:
         count = self._drops.get(group_id, 0) + 1
@@ -127,12 +206,23 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
 
     def _done_positions(self) -> set[int]:
         trained = {self._position(g) for g in self._trained_groups}
-        return trained | self._abandoned | self._done_before
+        return set(range(self._start)) | trained | self._abandoned | self._done_above_before
 
     def get_train_dataloader(self):  # TRL 1.16.0: RolloutQueueDataset reads self.rollout_queue
         if self.rollout_queue is not None and not isinstance(self.rollout_queue, _QueueWatcher):
             self.rollout_queue = _QueueWatcher(self.rollout_queue, self)
-        return super().get_train_dataloader()
+        dataloader = super().get_train_dataloader()
+        collator = dataloader.collate_fn  # accelerate's dispatcher keeps TRL's DataCollatorForRollout
+        if getattr(collator, "groups_trained", None) is self._trained_groups:
+            collator.groups_trained = self._collated
+        return dataloader
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """The micro-batch is used here: its groups count as trained from now on (not when collated)."""
+        groups = self._collated.pending.popleft() if self._collated.pending else set()
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._trained_groups.update(groups)
+        return loss
 
     def _record_trained(self) -> None:
         if not self.accelerator.is_main_process:
@@ -159,6 +249,7 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
             "prompt_index": mark,
             "done_above": sorted(p for p in done if p > mark),
             "model_version": self.model_version,
+            "stream": self.prompt_stream,
             "semantics": "dna-factory exact resume: positions < prompt_index and in done_above are done",
         }
         path = (
@@ -170,34 +261,46 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
 
     def _inner_training_loop(self, *args, **kwargs):  # TRL 1.16.0 private
         self._resume_from = kwargs.get("resume_from_checkpoint")
+        self._refuse_changed_stream()
         return super()._inner_training_loop(*args, **kwargs)
 
+    def _refuse_changed_stream(self) -> None:
+        state_file = Path(self._resume_from) / ROLLOUT_STATE if self._resume_from else None
+        if state_file is None or not state_file.is_file() or self.prompt_stream is None:
+            return
+        saved = json.loads(state_file.read_text()).get("stream")
+        change = stream_change(saved, self.prompt_stream) if saved else None
+        if change:
+            raise DnaConfigError(
+                f"Cannot resume from {self._resume_from}: its prompt stream differs from this run's: {change}. "
+                "Async GRPO's rollout_state.json numbers prompts by their position in that stream, so the resume "
+                "would skip or repeat prompts. Restore the setting, or start over in a new output_dir."
+            )
+
     def _apply_resume_plan(self) -> None:
-        """Before the worker starts: rebuild its prompt stream from the checkpoint's done set."""
+        """Before the worker starts: TRL has set its start to the checkpoint's mark; note what is done above it."""
+        self._start = int(self.rollout_worker._loop_kwargs.get("dataset_start_index", 0))
         checkpoint = getattr(self, "_resume_from", None)
         state_file = Path(checkpoint) / ROLLOUT_STATE if checkpoint else None
-        if state_file is None or not state_file.is_file() or not hasattr(self.train_dataset, "select"):
+        if state_file is None or not state_file.is_file():
             return
         state = json.loads(state_file.read_text())
-        mark, done_above = int(state["prompt_index"]), set(state.get("done_above", []))
-        n = len(self.train_dataset)
-        horizon = mark + n * RESUME_HORIZON_EPOCHS
-        positions = [p for p in range(mark, horizon) if p not in done_above]
-        self._positions = positions
-        self._mark_before = mark
-        self._done_before = set(range(mark)) | done_above
-        self._recorded = set(self._done_before)
-        worker_kwargs = self.rollout_worker._loop_kwargs
-        worker_kwargs["dataset"] = self.train_dataset.select([p % n for p in positions])
-        worker_kwargs["dataset_start_index"] = 0
-        self._groups_before_resume = len(self._done_before)
+        if "done_above" not in state:
+            logger.warning(
+                "%s has TRL's low-water mark only (the save was cut before dna-factory's record was written): "
+                "prompt groups above position %d that were already trained may be trained again.",
+                state_file,
+                self._start,
+            )
+        self._done_above_before = {int(p) for p in state.get("done_above", []) if int(p) >= self._start}
+        self._recorded = set(range(self._start)) | self._done_above_before
         self._truncate_record(int(Path(checkpoint).name.rsplit("-", 1)[-1]))
         logger.info(
-            "Exact resume from %s: %d prompt groups done (%d above the low-water mark %d) are not regenerated.",
+            "Exact resume from %s: %d prompt groups done (%d above the low-water mark %d) are not trained again.",
             checkpoint,
-            len(self._done_before),
-            len(done_above),
-            mark,
+            self._start + len(self._done_above_before),
+            len(self._done_above_before),
+            self._start,
         )
 
     def _truncate_record(self, step: int) -> None:

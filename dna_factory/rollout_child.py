@@ -1,4 +1,4 @@
-"""What runs inside TRL's spawned async rollout child: TRL's loop, with one missing fallback added.
+"""What runs inside TRL's spawned async rollout child: TRL's loop, with two missing guards added.
 
 TRL 1.16's ``parse_response`` (``trl/chat_template_utils.py``) falls back to the plain decoded text
 when the tokenizer's parser raises ``ValueError``/``TypeError``, but on an *empty* turn — what a
@@ -6,7 +6,8 @@ request aborted by vLLM (a weight-sync pause, issue 15) comes back with — tran
 ``tokenizer.parse_response(ids, prefix=...)`` returns ``[]``, and TRL then raises ``AttributeError:
 'list' object has no attribute 'get'`` inside the rollout child, which kills it (and the trainer
 then waits on the dead child: issue 19). :func:`parse_response` applies TRL's own fallback to any
-parse that gives no message dict.
+parse that gives no message dict. :class:`RolloutLoop` resubmits a completion vLLM aborted instead of
+scoring its cut-off text.
 
 The child is *spawned*, so a patch made in the trainer process does not reach it. TRL pickles
 ``AsyncRolloutWorker._loop_cls`` by reference into the child; pointing it at :class:`RolloutLoop`,
@@ -45,8 +46,37 @@ def parse_response(tokenizer, ids, prefix=None, tools=None) -> dict:
     return {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}
 
 
+ABORTED_RETRIES = 5  # resubmissions of one aborted completion before the rollout child gives up
+
+
 class RolloutLoop(_trl_worker._AsyncRolloutLoop):
-    """TRL's rollout loop, unchanged; defined here so that the spawned child imports this module."""
+    """TRL's rollout loop, defined here so that the spawned child imports this module; one change.
+
+    TRL 1.16's worker never reads ``finish_reason``: a completion that vLLM aborted (HTTP 200,
+    ``finish_reason="abort"``, the tokens generated so far) would be scored and trained as if the
+    model had stopped there. Such a request is resubmitted whole, and counted in the
+    ``rollout/aborted_total`` metric; after ``ABORTED_RETRIES`` aborts in a row the child fails
+    with a message instead of training on cut-off text.
+    """
+
+    async def _post(self, path: str, payload: dict, timeout: float, max_retries: int = 3) -> dict:
+        for attempt in range(ABORTED_RETRIES + 1):
+            content = await super()._post(path, payload, timeout, max_retries)
+            choices = content.get("choices") if path == "/v1/completions" else None
+            if not choices or choices[0].get("finish_reason") != "abort":
+                return content
+            self._counters["rollout/aborted_total"] += 1
+            logger.warning(
+                "vLLM aborted a completion after %d tokens (a pause without mode=keep, or a server-side abort); "
+                "it is resubmitted, not scored (%d/%d).",
+                len(choices[0].get("token_ids") or []),
+                attempt + 1,
+                ABORTED_RETRIES,
+            )
+        raise RuntimeError(
+            f"vLLM at {self.vllm_server_url} aborted the same completion {ABORTED_RETRIES + 1} times; "
+            "is something pausing the server with mode=abort?"
+        )
 
 
 _trl_worker.parse_response = parse_response

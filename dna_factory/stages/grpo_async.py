@@ -17,9 +17,14 @@ from trl import GRPOConfig
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from dna_factory.agents.config import AgentArguments
-from dna_factory.async_grpo import drop_overlong_prompts, server_max_model_len, setup_async_training_args
+from dna_factory.async_grpo import (
+    drop_overlong_prompts,
+    server_max_model_len,
+    setup_async_training_args,
+    wait_for_server,
+)
 from dna_factory.config import ResolvedConfig
-from dna_factory.errors import DnaConfigError
+from dna_factory.errors import DnaConfigError, DnaServiceError
 from dna_factory.prompts import validate_prompt_settings
 from dna_factory.stages.base import Stage, StageContext
 from dna_factory.stages.grpo import GRPOStageArguments, validate_rewards
@@ -57,6 +62,13 @@ class AsyncGRPOStageArguments(GRPOStageArguments):
             "help": "Drop prompts that cannot fit max_completion_length in the server's max_model_len."
         },
     )
+    server_wait_s: float = field(
+        default=900.0,
+        metadata={
+            "help": "How long a run waits for the vLLM server to answer /health before it stops with an error "
+            "(logged every 10 s); the data, tokenizer and model load only after it answered."
+        },
+    )
 
 
 def _names(*classes) -> set[str]:
@@ -88,7 +100,7 @@ def validate_async(cfg: ResolvedConfig) -> None:
 
 
 def build_trainer(ctx: StageContext):
-    from dna_factory.async_trainer import DnaAsyncGRPOTrainer
+    from dna_factory.async_trainer import DnaAsyncGRPOTrainer, prompt_stream
     from rewards.registry import resolve_rewards
 
     args = ctx.training_args
@@ -102,14 +114,22 @@ def build_trainer(ctx: StageContext):
         )
     if stage_args.drop_overlong_prompts:
         max_model_len = server_max_model_len(args.vllm_server_base_url)
-        if max_model_len is not None:
-            train_dataset, _ = drop_overlong_prompts(
-                train_dataset,
-                ctx.tokenizer,
-                max_model_len,
-                args.max_completion_length,
-                args.chat_template_kwargs,
+        if (
+            max_model_len is None
+        ):  # it answered before the data loaded (wait_for_server): never train unfiltered
+            raise DnaServiceError(
+                f"The vLLM server at {args.vllm_server_base_url} stopped answering while the data loaded; the "
+                "prompts cannot be checked against its max_model_len. Restart it and rerun."
             )
+        train_dataset, _ = drop_overlong_prompts(
+            train_dataset,
+            ctx.tokenizer,
+            max_model_len,
+            args.max_completion_length,
+            args.chat_template_kwargs,
+        )
+    else:
+        max_model_len = None
     weight_transfer = None
     if stage_args.weight_sync == "file":
         from transformers import AutoConfig
@@ -123,6 +143,9 @@ def build_trainer(ctx: StageContext):
             config_dir=ctx.model_args.model_name_or_path,
             tie_word_embeddings=bool(getattr(model_config, "tie_word_embeddings", False)),
         )
+    stream = prompt_stream(
+        train_dataset, max_model_len=max_model_len, max_completion_length=args.max_completion_length
+    )
     return DnaAsyncGRPOTrainer(
         model=ctx.model_args.model_name_or_path,
         reward_funcs=funcs,
@@ -132,6 +155,7 @@ def build_trainer(ctx: StageContext):
         callbacks=ctx.callbacks,
         weight_transfer=weight_transfer,
         tree_attention=stage_args.tree_attention,
+        prompt_stream=stream,
     )
 
 
@@ -144,4 +168,5 @@ STAGE = Stage(
     validators=(validate_async, validate_rewards),
     extra_dataclasses=(AsyncGRPOStageArguments,),
     foreign_keys=sync_only_keys,
+    wait_for_services=lambda cfg: wait_for_server(cfg, cfg.of(AsyncGRPOStageArguments).server_wait_s),
 )
