@@ -43,7 +43,9 @@ def main() -> None:
 
     AsyncGRPOTrainer.compute_loss = observed_compute_loss
     sys.argv = [script, *args]
-    sys.path[0] = str(Path(script).resolve().parent)  # as `python grpo.py` has it: this checkout's dna_factory
+    sys.path[0] = str(
+        Path(script).resolve().parent
+    )  # as `python grpo.py` has it: this checkout's dna_factory
     runpy.run_path(script, run_name="__main__")
 
 
