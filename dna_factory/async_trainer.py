@@ -90,20 +90,22 @@ def prompt_stream(dataset, *, max_model_len: int | None, max_completion_length: 
 
 
 def stream_change(saved: dict, now: dict) -> str | None:
-    """How the prompt stream of a checkpoint differs from this run's, in words; None when it is the same."""
+    """How the prompt stream of a checkpoint differs from this run's, in words; None when it is the same.
+
+    Only the prompts themselves decide (row count and SHA-256): a changed length setting that keeps the
+    same rows is no change. When they differ, a changed length setting is named as the cause.
+    """
+    if saved.get("rows") == now.get("rows") and saved.get("sha256") == now.get("sha256"):
+        return None
+    rows = f"{saved.get('rows')} prompts then, {now.get('rows')} now"
     settings = [
         f"{key} was {saved.get(key)}, now {now.get(key)}"
         for key in ("max_completion_length", "max_model_len")
         if saved.get(key) != now.get(key)
     ]
     if settings:
-        return "; ".join(settings) + " (the over-long-prompt filter keeps other rows)"
-    if saved.get("rows") != now.get("rows") or saved.get("sha256") != now.get("sha256"):
-        return (
-            f"the training prompts differ ({saved.get('rows')} rows then, {now.get('rows')} now: datasets, mixture, "
-            "seed or prompt settings changed)"
-        )
-    return None
+        return f"{'; '.join(settings)}, so the over-long-prompt filter keeps other rows ({rows})"
+    return f"the training prompts differ ({rows}: datasets, mixture, seed or prompt settings changed)"
 
 
 class _QueueWatcher:
@@ -212,8 +214,14 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
         if self.rollout_queue is not None and not isinstance(self.rollout_queue, _QueueWatcher):
             self.rollout_queue = _QueueWatcher(self.rollout_queue, self)
         dataloader = super().get_train_dataloader()
-        collator = dataloader.collate_fn  # accelerate's dispatcher keeps TRL's DataCollatorForRollout
-        if getattr(collator, "groups_trained", None) is self._trained_groups:
+        if self.accelerator.is_main_process and self.rollout_worker is not None:
+            collator = getattr(dataloader, "collate_fn", None)  # accelerate's dispatcher keeps TRL's collator
+            if getattr(collator, "groups_trained", None) is not self._trained_groups:
+                raise RuntimeError(
+                    "TRL's rollout collator no longer exposes groups_trained as the trainer's _trained_groups: "
+                    f"exact resume cannot count consumed groups (TRL {TRL_VERSION} expected)."
+                )
+            self._collated.pending.clear()
             collator.groups_trained = self._collated
         return dataloader
 
@@ -293,7 +301,10 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
                 self._start,
             )
         self._done_above_before = {int(p) for p in state.get("done_above", []) if int(p) >= self._start}
-        self._recorded = set(range(self._start)) | self._done_above_before
+        # TRL stops an epoch-bounded run at _groups_before_resume + len(_trained_groups) groups; the done
+        # groups above the mark are dropped, never counted in _trained_groups, so they count here.
+        self._groups_before_resume = self._start + len(self._done_above_before)
+        self._recorded = set()  # the record shows every position trained after the resume, repeats included
         self._truncate_record(int(Path(checkpoint).name.rsplit("-", 1)[-1]))
         logger.info(
             "Exact resume from %s: %d prompt groups done (%d above the low-water mark %d) are not trained again.",

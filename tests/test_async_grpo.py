@@ -522,12 +522,17 @@ def test_async_trains_stops_resumes_and_finishes(vllm_server, tiny_model, tmp_pa
 @pytest.mark.slow
 def test_async_resume_runs_past_four_epochs_of_a_small_prompt_set(vllm_server, tiny_model, tmp_path):
     """Two prompts, resumed after step 1 and trained for more than four passes over them: no IndexError in
-    a callback, every stream position trained at most once. Then a resume with another max_completion_length
-    (the over-long filter would keep other rows, so positions would mean other prompts) is refused."""
+    a callback, every stream position trained at most once (the record lists every position trained after the
+    resume, repeats included). Then a resume with a max_completion_length that makes the over-long filter drop
+    the long prompt (positions would mean other prompts) is refused."""
     url = vllm_server.base_url.removesuffix("/v1")
-    rows = (REPO / "data/tiny/arith_prompts.jsonl").read_text().splitlines()[:2]
+    # one short prompt and one of about 100 tokens: both fit max_completion_length 16 in the server's 512,
+    # only the short one fits 450
+    long_question = "Read the question twice before you answer it. " * 10 + "What is 3 + 4?"
+    rows = [{"prompt": [{"role": "user", "content": "What is 17 + 18?"}], "solution": "35"},
+            {"prompt": [{"role": "user", "content": long_question}], "solution": "7"}]  # fmt: skip
     data = tmp_path / "two.jsonl"
-    data.write_text("".join(line + "\n" for line in rows))
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     recipe = tmp_path / "two.yaml"
     recipe.write_text((REPO / ASYNC).read_text().replace("data/tiny/arith_prompts.jsonl", str(data)))
     out = tmp_path / "epochs"
@@ -547,12 +552,11 @@ def test_async_resume_runs_past_four_epochs_of_a_small_prompt_set(vllm_server, t
 
         # #15 item 5: positions index the filtered prompt stream; a resume whose stream differs is refused.
         (out / "trained_groups.jsonl").rename(out / "kept.jsonl")
-        changed = run_cli(*args, "6", "--max_completion_length", "8", timeout=600)
+        changed = run_cli(*args, "6", "--max_completion_length", "450", timeout=600)
         assert changed.returncode == 2, changed.stderr[-3000:]
+        assert "Dropped 1 of 2 prompts" in changed.stderr
         last = changed.stderr.strip().splitlines()[-1]
-        assert (
-            last.startswith("error: ") and "max_completion_length" in last and "16" in last and "8" in last
-        ), last
+        assert last.startswith("error: ") and "max_completion_length was 16, now 450" in last, last
         assert "Traceback" not in changed.stderr
         assert not (out / "trained_groups.jsonl").exists(), "a refused resume trained"
     finally:
