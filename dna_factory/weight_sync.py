@@ -13,10 +13,10 @@ filesystem and vLLM's dev-mode HTTP endpoints:
 
 vLLM 0.32's ``/pause`` defaults to ``mode=abort``: in-flight requests come back as HTTP 200 with
 ``finish_reason="abort"`` and a cut-off completion, which TRL's rollout worker would score and
-train. ``mode=keep`` (what TRL's own NCCL client sends) freezes them instead. The prefix-cache reset
-then preempts the frozen requests (``reset_running_requests``), so after ``/resume`` they recompute
-their KV cache — prompt and tokens so far — with the new weights and carry on; a reset that still
-fails (``success: false``) is an error, never ignored. A completion that comes back aborted anyway
+train. ``mode=keep`` (what TRL's own NCCL client sends) freezes them instead; vLLM 0.32's pause
+(default ``clear_cache``) preempts them, so after ``/resume`` they recompute their KV cache — prompt
+and tokens so far — with the new weights and carry on. The reset after the reload (preempting any
+request still running) is a checked guard: ``success: false`` is an error, never ignored. A completion that comes back aborted anyway
 (the server aborted it for another reason) is resubmitted by ``dna_factory/rollout_child.py``.
 
 The server must run with ``VLLM_SERVER_DEV_MODE=1`` and be able to read ``<dir>`` (same
