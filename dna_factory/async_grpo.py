@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError, DnaServiceError
-from dna_factory.services import wait_for_health
+from dna_factory.services import server_root, wait_for_health
 
 logger = logging.getLogger(__name__)
 
@@ -219,10 +219,6 @@ def validate_completion_length_against_server(cfg: ResolvedConfig) -> int | None
     return max_model_len
 
 
-def server_root(base_url: str | None) -> str:
-    return (base_url or "http://localhost:8000").rstrip("/").removesuffix("/v1")
-
-
 def wait_for_server(cfg: ResolvedConfig, wait_s: float) -> None:
     """Before data, tokenizer and model load: wait (bounded by ``wait_s``, the recipe's ``server_wait_s``) for the server.
 
@@ -230,7 +226,7 @@ def wait_for_server(cfg: ResolvedConfig, wait_s: float) -> None:
     never starts generating against a server whose ``max_model_len`` it could not read, so the
     over-long-prompt filter is never skipped.
     """
-    root = server_root(cfg.get("vllm_server_base_url"))
+    root = server_root(cfg.get("vllm_server_base_url") or "http://localhost:8000", "vllm_server_base_url")
     wait_for_health(
         root,
         "vLLM server",

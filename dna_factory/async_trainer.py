@@ -207,8 +207,9 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
             self._abandoned.add(self._position(group_id))
 
     def _done_positions(self) -> set[int]:
+        """Done positions from the resume mark ``self._start`` on (every position below it is done)."""
         trained = {self._position(g) for g in self._trained_groups}
-        return set(range(self._start)) | trained | self._abandoned | self._done_above_before
+        return trained | self._abandoned | self._done_above_before
 
     def get_train_dataloader(self):  # TRL 1.16.0: RolloutQueueDataset reads self.rollout_queue
         if self.rollout_queue is not None and not isinstance(self.rollout_queue, _QueueWatcher):
@@ -252,7 +253,9 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
         if not self.accelerator.is_main_process or self.rollout_worker is None:
             return
         done = self._done_positions()
-        mark = next(p for p in range(len(done) + 1) if p not in done)
+        mark = self._start
+        while mark in done:
+            mark += 1
         state = {
             "prompt_index": mark,
             "done_above": sorted(p for p in done if p > mark),

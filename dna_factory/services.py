@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
+from urllib.parse import urlparse
 
 import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from dna_factory.errors import DnaServiceError
+from dna_factory.errors import DnaConfigError, DnaServiceError
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,18 @@ class BoundedAdapter(HTTPAdapter):
         if kwargs.get("timeout") is None:
             kwargs["timeout"] = self.timeout_s
         return super().send(request, **kwargs)
+
+
+def server_root(url: str, setting: str) -> str:
+    """``http://host:port`` from a URL given with or without the OpenAI ``/v1`` suffix; ``setting`` names the key."""
+    parsed = urlparse(url.rstrip("/"))
+    if not parsed.scheme or not parsed.netloc:
+        raise DnaConfigError(
+            f"{setting} {url!r} is not an http(s) URL. Use the server's address, e.g. "
+            "http://127.0.0.1:8000 (with or without /v1)."
+        )
+    path = parsed.path[: -len("/v1")] if parsed.path.endswith("/v1") else parsed.path
+    return f"{parsed.scheme}://{parsed.netloc}{path}"
 
 
 def bound_session(

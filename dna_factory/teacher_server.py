@@ -29,12 +29,11 @@ import logging
 import math
 import re
 from collections.abc import Sequence
-from urllib.parse import urlparse
 
 import requests
 
 from dna_factory.errors import DnaConfigError, DnaServiceError
-from dna_factory.services import RETRY_STATUSES, bound_session, wait_for_health
+from dna_factory.services import RETRY_STATUSES, bound_session, server_root, wait_for_health
 
 logger = logging.getLogger(__name__)
 
@@ -60,18 +59,6 @@ NORMALISATION_TOLERANCE = 1e-3
 
 class TeacherScoringError(RuntimeError):
     """The teacher's logprobs do not line up with the student's completion tokens."""
-
-
-def server_root(url: str) -> str:
-    """``http://host:port`` from a URL given with or without the OpenAI ``/v1`` suffix."""
-    parsed = urlparse(url.rstrip("/"))
-    if not parsed.scheme or not parsed.netloc:
-        raise DnaConfigError(
-            f"teacher_server_url {url!r} is not an http(s) URL. Use the server's address, e.g. "
-            "http://127.0.0.1:8000 (with or without /v1)."
-        )
-    path = parsed.path[: -len("/v1")] if parsed.path.endswith("/v1") else parsed.path
-    return f"{parsed.scheme}://{parsed.netloc}{path}"
 
 
 def completion_logprobs(
@@ -143,7 +130,7 @@ class TeacherServer:
     ) -> None:
         from trl.generation.vllm_client import VLLMClient
 
-        self.url = server_root(url)
+        self.url = server_root(url, "teacher_server_url")
         self.max_concurrent_requests = max_concurrent_requests
         self.sequences_per_request = sequences_per_request
         self.request_timeout_s = request_timeout_s

@@ -129,9 +129,9 @@ def validate_mode(cfg: ResolvedConfig) -> None:
                 "(e.g. http://127.0.0.1:8000). Start one with python -m vllm.entrypoints.openai.api_server "
                 "--model TEACHER --port 8000, or use distill_mode: local_teacher."
             )
-        from dna_factory.teacher_server import server_root
+        from dna_factory.services import server_root
 
-        server_root(url)
+        server_root(url, "teacher_server_url")
         beta = cfg.get("beta", 1.0)
         if beta != 1.0:
             raise DnaConfigError(
