@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dna_factory.runner import main
@@ -116,3 +118,64 @@ def test_missing_tiny_model_says_how_to_build_it(tmp_path, capsys):
         == 2
     )
     assert "scripts/make_tiny_model.py --out" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- #19 item 4: one line, no output dir
+
+
+def _one_error_line(proc) -> str:
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return errors[0]
+
+
+def _sft_args(tmp_path, *extra: str) -> list[str]:
+    return ["sft.py", "--config", "configs/SFT/tiny-cpu.yaml", "--output_dir", str(tmp_path / "out"), *extra]
+
+
+def test_an_output_dir_under_a_file_is_one_error_line(tmp_path, tiny_model):
+    (tmp_path / "afile").write_text("not a folder\n")
+    out = tmp_path / "afile" / "out"
+    for extra in (["--dry_run"], []):
+        proc = run_cli("sft.py", "--config", "configs/SFT/tiny-cpu.yaml", "--output_dir", str(out), *extra)
+        line = _one_error_line(proc)
+        assert str(tmp_path / "afile") in line and "output_dir" in line, line
+
+
+def test_a_folder_that_is_not_a_model_is_one_error_line_and_no_output_dir(tmp_path, tiny_model):
+    folder = tmp_path / "not-a-model"
+    folder.mkdir()
+    (folder / "README.md").write_text("notes\n")
+    proc = run_cli(*_sft_args(tmp_path, "--model_name_or_path", str(folder)))
+    line = _one_error_line(proc)
+    assert str(folder) in line and "config.json" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_offline_hub_model_is_one_error_line_and_no_output_dir(tmp_path, tiny_model):
+    proc = run_cli(*_sft_args(tmp_path, "--model_name_or_path", "nobody-here/not-a-model-4b"), timeout=120)
+    line = _one_error_line(proc)
+    assert "nobody-here/not-a-model-4b" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_rows_leave_no_output_dir(tmp_path, write_jsonl, tiny_model):
+    data = write_jsonl("bad.jsonl", [GOOD_ROW["sft"], EMPTY_ROW["sft"]])
+    proc = run_cli(*_sft_args(tmp_path, "--datasets", json.dumps([{"path": str(data)}])))
+    assert "row 1" in _one_error_line(proc)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_checkpoint_is_one_error_line_and_no_output_dir(tmp_path, tiny_model):
+    proc = run_cli(*_sft_args(tmp_path, "--resume_from_checkpoint", str(tmp_path / "checkpoint-7")))
+    assert "checkpoint-7" in _one_error_line(proc)
+    assert not (tmp_path / "out").exists()
+
+
+def test_debug_shows_the_traceback(tmp_path, tiny_model):
+    folder = tmp_path / "not-a-model"
+    folder.mkdir()
+    proc = run_cli(*_sft_args(tmp_path, "--model_name_or_path", str(folder), "--debug"))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" in proc.stderr and proc.stderr.rstrip().splitlines()[-1].startswith("error: ")

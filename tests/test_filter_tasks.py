@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import doctest
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -307,3 +308,16 @@ def test_string_prompts_are_scored_as_the_chats_training_will_see(tiny_model, tm
     assert sorted(row["prompt"] for row in kept) == sorted(questions)
     with pytest.raises(DnaConfigError, match="system_prompt is set but prompts are raw text"):
         run(_config(tiny_model, data, out, datasets=[spec], system_prompt="Be brief.", prompt_format="text"))
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o002, 0o664)])
+def test_written_files_follow_the_umask(umask, mode, tmp_path):
+    """kept.jsonl and report.json are read by the group that trains on them (#19 item 8)."""
+    from rewards.learnability import write_atomic
+
+    old = os.umask(umask)
+    try:
+        write_atomic(tmp_path / "kept.jsonl", ["{}\n"])
+    finally:
+        os.umask(old)
+    assert (tmp_path / "kept.jsonl").stat().st_mode & 0o777 == mode

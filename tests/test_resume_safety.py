@@ -1,0 +1,193 @@
+"""Resume never does the wrong thing (#19 item 1), on real SFT/DPO runs of the tiny model.
+
+One short SFT run (two steps, a checkpoint at step 2) is copied for each case: a finished run
+rerun, another stage in the same output dir, changed optimisation keys, an incomplete newest
+checkpoint, ``resume_from_checkpoint: true`` from YAML, and Ctrl-C / SIGTERM mid-run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, cli_env, run_cli
+
+SFT = ["--config", "configs/SFT/tiny-cpu.yaml", "--save_steps", "2", "--logging_steps", "1"]
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error: ")]
+
+
+def _checkpoints(out: Path) -> list[str]:
+    return sorted(p.name for p in out.glob("checkpoint-*"))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_model) -> Path:
+    """An SFT run of two steps that finished: checkpoint-2, the final model, run_summary.json."""
+    out = tmp_path_factory.mktemp("resume") / "sft"
+    proc = run_cli("sft.py", *SFT, "--max_steps", "2", "--output_dir", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _checkpoints(out) == ["checkpoint-2"]
+    return out
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path) -> Path:
+    target = tmp_path / "sft"
+    shutil.copytree(finished_run, target)
+    return target
+
+
+def test_rerun_of_a_finished_run_says_so_and_exits_0_without_training(run_copy):
+    summary_before = (run_copy / "run_summary.json").read_text()
+    proc = run_cli("sft.py", *SFT, "--max_steps", "2", "--output_dir", str(run_copy))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "already finished" in proc.stderr, proc.stderr[-2000:]
+    assert _checkpoints(run_copy) == ["checkpoint-2"]
+    assert (run_copy / "run_summary.json").read_text() == summary_before
+
+
+def test_raising_max_steps_continues_a_finished_run(run_copy):
+    proc = run_cli("sft.py", *SFT, "--max_steps", "3", "--output_dir", str(run_copy))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_copy / "run_summary.json").read_text())
+    assert summary["global_step"] == 3 and summary["resumed_from"].endswith("checkpoint-2")
+
+
+def test_another_stage_in_the_same_output_dir_is_refused(run_copy):
+    resolved_before = (run_copy / "resolved_config.yaml").read_text()
+    proc = run_cli(
+        "dpo.py", "--config", "configs/DPO/tiny-cpu.yaml", "--max_steps", "3", "--output_dir", str(run_copy)
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = _error_lines(proc.stderr)
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "sft" in errors[0] and "dpo" in errors[0] and "output_dir" in errors[0], errors[0]
+    assert (run_copy / "resolved_config.yaml").read_text() == resolved_before
+    assert _checkpoints(run_copy) == ["checkpoint-2"]
+
+
+def test_changed_optimisation_keys_are_refused_then_allowed_explicitly(run_copy):
+    resolved_before = (run_copy / "resolved_config.yaml").read_text()
+    changed = [*SFT, "--max_steps", "3", "--learning_rate", "1e-4", "--output_dir", str(run_copy)]
+    proc = run_cli("sft.py", *changed)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = _error_lines(proc.stderr)
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "learning_rate" in errors[0] and "max_steps" not in errors[0], errors[0]
+    assert "--allow_config_change" in errors[0] and "output_dir" in errors[0], errors[0]
+    assert (run_copy / "resolved_config.yaml").read_text() == resolved_before
+
+    proc = run_cli("sft.py", *changed, "--resume_from_checkpoint", "last", "--allow_config_change")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_copy / "run_summary.json").read_text())
+    assert summary["global_step"] == 3 and summary["resumed_from"].endswith("checkpoint-2")
+    assert yaml.safe_load((run_copy / "resolved_config.yaml").read_text())["learning_rate"] == 1e-4
+
+
+def test_an_incomplete_newest_checkpoint_is_skipped_with_a_warning(run_copy):
+    # What a kill during a save leaves: the weights written, trainer_state.json not yet.
+    partial = run_copy / "checkpoint-3"
+    partial.mkdir()
+    shutil.copy(run_copy / "checkpoint-2" / "model.safetensors", partial / "model.safetensors")
+    proc = run_cli("sft.py", *SFT, "--max_steps", "4", "--output_dir", str(run_copy))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "checkpoint-3" in proc.stderr and "incomplete" in proc.stderr, proc.stderr[-3000:]
+    summary = json.loads((run_copy / "run_summary.json").read_text())
+    assert summary["global_step"] == 4 and summary["resumed_from"].endswith("checkpoint-2")
+
+
+def test_resume_from_checkpoint_true_in_a_recipe_resumes(run_copy, tmp_path):
+    recipe = yaml.safe_load((REPO / "configs/SFT/tiny-cpu.yaml").read_text())
+    recipe.update(resume_from_checkpoint=True, save_steps=2, logging_steps=1, max_steps=3)
+    recipe["output_dir"] = str(run_copy)
+    path = tmp_path / "resume.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    proc = run_cli("sft.py", "--config", str(path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_copy / "run_summary.json").read_text())
+    assert summary["global_step"] == 3 and summary["resumed_from"].endswith("checkpoint-2")
+
+
+def test_resume_true_without_a_checkpoint_is_one_error_line(tmp_path, tiny_model):
+    out = tmp_path / "fresh"
+    proc = run_cli(
+        "sft.py", *SFT, "--max_steps", "2", "--output_dir", str(out), "--resume_from_checkpoint", "true"
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(_error_lines(proc.stderr)) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert not out.exists()
+
+
+def _wait_for(path: Path, pattern: str, child: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not re.search(pattern, path.read_text(errors="replace") if path.is_file() else ""):
+        assert child.poll() is None, f"trainer ended early:\n{path.read_text()[-3000:]}"
+        assert time.time() < deadline, f"no {pattern!r} within {timeout} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_saves_a_checkpoint_and_says_how_to_resume(sig, status, tmp_path, tiny_model):
+    out = tmp_path / "sft"
+    log = tmp_path / "train.log"
+    args = [*SFT, "--max_steps", "500", "--save_steps", "1000", "--output_dir", str(out)]
+    with log.open("w") as sink:
+        child = subprocess.Popen(
+            [sys.executable, "sft.py", *args], cwd=REPO, env=cli_env(), stdout=sink, stderr=subprocess.STDOUT
+        )
+        try:
+            _wait_for(log, r"'loss'", child)
+            child.send_signal(sig)
+            status_seen = child.wait(timeout=180)
+        finally:
+            if child.poll() is None:
+                child.kill()
+    text = log.read_text(errors="replace")
+    assert status_seen == status, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    saved = _checkpoints(out)
+    assert len(saved) == 1 and (out / saved[0] / "trainer_state.json").is_file(), (saved, text[-2000:])
+    step = int(saved[0].split("-")[1])
+    last = [line for line in text.splitlines() if line.strip()][-1]
+    assert "resume" in last and "sft.py" in last and saved[0] in last, last
+
+    proc = run_cli("sft.py", *SFT, "--max_steps", str(step + 1), "--output_dir", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert summary["global_step"] == step + 1 and summary["resumed_from"].endswith(saved[0])
+
+
+def test_run_summary_records_provenance_and_wall_time_across_resumes(finished_run, run_copy):
+    import socket
+
+    import torch
+
+    first = json.loads((finished_run / "run_summary.json").read_text())
+    versions = first["versions"]
+    for package in ("torch", "transformers", "trl", "vllm", "peft", "accelerate", "deepspeed"):
+        assert package in versions, versions
+    assert versions["torch"] == torch.__version__
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    assert first["git"]["commit"] == head, first["git"]
+    assert first["host"] == socket.gethostname() and "cpu" in first["accelerator"].lower(), first
+    assert first["wall_seconds_total"] >= first["train_seconds"] > 0
+
+    proc = run_cli("sft.py", *SFT, "--max_steps", "3", "--output_dir", str(run_copy))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    second = json.loads((run_copy / "run_summary.json").read_text())
+    # the first session's time (up to checkpoint-2) counts, plus this session's
+    assert second["wall_seconds_total"] >= second["train_seconds"] + 0.5 * first["train_seconds"], second
