@@ -59,6 +59,13 @@ class RunArguments:
         default=True,
         metadata={"help": "Resume from the last checkpoint-N in output_dir when one exists."},
     )
+    allow_config_change: bool = field(
+        default=False,
+        metadata={
+            "help": "Resume although the checkpoint was trained with other settings (another stage or changed "
+            "keys); only with an explicit --resume_from_checkpoint (last or a path)."
+        },
+    )
     wandb_project: str | None = field(
         default=None, metadata={"help": "W&B project name (sets WANDB_PROJECT when report_to has wandb)."}
     )
@@ -267,6 +274,8 @@ def coerce_value(key: str, value: Any, tp: Any, source: str) -> Any:
     """
     if key in PEFT_PATTERN_KEYS and (pattern := _peft_pattern(value)) is not None:
         return pattern
+    if key == "resume_from_checkpoint" and isinstance(value, bool):
+        return str(value).lower()  # YAML reads `resume_from_checkpoint: true` as a bool; the key is a string
     try:
         return _coerce(value, tp, strict=False)
     except _Mismatch:

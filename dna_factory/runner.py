@@ -10,20 +10,25 @@ call :func:`main` with the stage name and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import shlex
 import sys
 import time
+import traceback
 import warnings
 from pathlib import Path
 
 from dna_factory.checkpoint_eval import CheckpointEvalArguments, checkpoint_eval_callbacks
 from dna_factory.config import ResolvedConfig, RunArguments, field_types, resolve
 from dna_factory.errors import DnaConfigError
+from dna_factory.interrupt import GracefulStop, Interrupted
 from dna_factory.preview import preview, split_preview_flag
 from dna_factory.prompts import PromptArguments, PromptRule, local_chat_template, resolve_prompt_format
+from dna_factory.provenance import provenance
 from dna_factory.rehearsal import (
     REHEARSE_SOURCE,
     claim_output_dir,
@@ -34,13 +39,22 @@ from dna_factory.rehearsal import (
     start_services,
     write_record,
 )
+from dna_factory.resume import (
+    FINGERPRINT_NAME,
+    SUMMARY_NAME,
+    AlreadyFinished,
+    FingerprintCallback,
+    fingerprint,
+    plan_resume,
+    write_fingerprint,
+)
 from dna_factory.stages import Stage, StageContext, get_stage
 from dna_factory.validation import run_validators
 
 logger = logging.getLogger("dna_factory")
 
 RESOLVED_CONFIG_NAME = "resolved_config.yaml"
-RUN_SUMMARY_NAME = "run_summary.json"
+RUN_SUMMARY_NAME = SUMMARY_NAME
 
 
 def setup_logging(level: str = "info") -> None:
@@ -131,27 +145,6 @@ def _short(value) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def resolve_resume(cfg: ResolvedConfig, output_dir: str) -> str | None:
-    """The checkpoint to resume from: an explicit path, ``true``/``last``, or auto-resume."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    requested = cfg.get("resume_from_checkpoint")
-    last = get_last_checkpoint(output_dir) if Path(output_dir).is_dir() else None
-    if isinstance(requested, str) and requested.lower() in ("true", "last"):
-        if last is None:
-            raise DnaConfigError(
-                f"resume_from_checkpoint={requested} but {output_dir} has no checkpoint-N. "
-                "Drop the flag to start fresh."
-            )
-        return last
-    if isinstance(requested, str) and requested.lower() not in ("false", "none"):
-        return requested
-    if requested is None and last is not None and cfg.of(RunArguments).auto_resume:
-        logger.info("Found %s: resuming from it (set auto_resume: false to start over).", last)
-        return last
-    return None
-
-
 def configure_reporting(training_args, run_args: RunArguments) -> None:
     """W&B works without an account: offline mode unless the user configured it."""
     report_to = training_args.report_to or []
@@ -170,11 +163,16 @@ def configure_reporting(training_args, run_args: RunArguments) -> None:
             )
 
 
-def write_resolved_config(cfg: ResolvedConfig, output_dir: str) -> Path:
-    """Write the layered keys atomically; the file can be passed back as ``--config``."""
+def write_resolved_config(cfg: ResolvedConfig, output_dir: str, kept_as: str | None = None) -> Path:
+    """Write the layered keys atomically; the file can be passed back as ``--config``.
+
+    ``kept_as``: where the previous file goes first (a resume with changed settings keeps both).
+    """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     target = out / RESOLVED_CONFIG_NAME
+    if kept_as and target.is_file():
+        target.replace(out / kept_as)
     tmp = target.with_suffix(".tmp")
     tmp.write_text(cfg.render(), encoding="utf-8")
     tmp.replace(target)
@@ -184,14 +182,36 @@ def write_resolved_config(cfg: ResolvedConfig, output_dir: str) -> Path:
 def load_tokenizer(model_args, training_args):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        model_args.model_name_or_path,
-        revision=model_args.model_revision,
-        trust_remote_code=getattr(training_args, "trust_remote_code", False),
-    )
+    with loading("the tokenizer", model_args.model_name_or_path):
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_args.model_name_or_path,
+            revision=model_args.model_revision,
+            trust_remote_code=getattr(training_args, "trust_remote_code", False),
+        )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+@contextlib.contextmanager
+def loading(what: str, model: str):
+    """Turn the errors a user causes while a model's files load (no such hub id, offline without a cached copy,
+    a folder that is not a model, a gated repo) into one DnaConfigError line; ``--debug`` shows the cause."""
+    try:
+        yield
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, DnaConfigError):
+            raise
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        offline = (
+            " (HF_HUB_OFFLINE is set: download it first, or point at a local folder)"
+            if os.environ.get("HF_HUB_OFFLINE")
+            else ""
+        )
+        raise DnaConfigError(
+            f"Could not load {what} of '{model}'{offline}: {first[:300]} Check model_name_or_path: a local folder "
+            "saved by save_pretrained, or a hub id this machine can download or has cached."
+        ) from exc
 
 
 def model_init_kwargs(model_args, training_args) -> dict:
@@ -285,21 +305,32 @@ def load_context(stage: Stage, cfg: ResolvedConfig) -> StageContext:
 
 
 def train(stage: Stage, cfg: ResolvedConfig) -> dict:
-    """Load data, tokenizer and trainer, train (resuming when asked) and save. Returns the run summary."""
+    """Check the output dir, load data, tokenizer and trainer, train (resuming when asked) and save.
+
+    Returns the run summary. Nothing is written to a new output dir before the data, the tokenizer
+    and the model loaded. Raises :class:`AlreadyFinished` for a finished run and :class:`Interrupted`
+    after a signal saved a checkpoint.
+    """
     import transformers
 
+    session_started = time.time()
     training_args = cfg.of(stage.config_class)
+    run_args = cfg.of(RunArguments)
     output_dir = training_args.output_dir
     is_main = training_args.process_index == 0
-    if cfg.rehearsal is not None and is_main:
-        claim_output_dir(output_dir)
-    if is_main:
-        path = write_resolved_config(cfg, output_dir)
-        logger.info("Resolved config written to %s", path)
-    transformers.set_seed(training_args.seed)
-    configure_reporting(training_args, cfg.of(RunArguments))
-    resume = resolve_resume(cfg, output_dir)
     rehearsal = cfg.rehearsal
+    if rehearsal is not None and is_main:
+        claim_output_dir(output_dir)
+    plan = plan_resume(
+        stage.name,
+        cfg.values,
+        output_dir,
+        cfg.get("resume_from_checkpoint"),
+        run_args.auto_resume,
+        run_args.allow_config_change,
+    )
+    transformers.set_seed(training_args.seed)
+    configure_reporting(training_args, run_args)
     if rehearsal is not None and is_main:
         write_record(
             output_dir,
@@ -309,13 +340,24 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
             },
         )
     servers: list = []
+    record = fingerprint(stage.name, cfg.values)
+    clock = FingerprintCallback(record, plan.wall_seconds_before, started=session_started)
+    stop = GracefulStop()
     try:
         if rehearsal is not None:
             start_services(cfg, servers)
         if stage.wait_for_services is not None:
             stage.wait_for_services(cfg)
         ctx = load_context(stage, cfg)
-        trainer = stage.build_trainer(ctx)
+        with loading("the model", str(cfg.get("model_name_or_path"))):
+            trainer = stage.build_trainer(ctx)
+        if is_main:  # the checks passed: now the output dir holds this run
+            kept = (
+                f"resolved_config.before-{Path(plan.checkpoint).name}.yaml" if plan.config_changed else None
+            )
+            path = write_resolved_config(cfg, output_dir, kept_as=kept)
+            logger.info("Resolved config written to %s", path)
+            write_fingerprint(Path(output_dir) / FINGERPRINT_NAME, record)
         if rehearsal is not None and is_main:
             write_record(
                 output_dir,
@@ -323,32 +365,48 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
                 columns=ctx.train_dataset.column_names,
             )
             record_first_model_input(trainer, ctx.tokenizer, output_dir)
+        trainer.add_callback(clock)
+        trainer.add_callback(stop)
         started = time.time()
-        result = trainer.train(resume_from_checkpoint=resume)
+        stop.install()
+        try:
+            result = trainer.train(resume_from_checkpoint=plan.checkpoint)
+        finally:
+            stop.restore()
     finally:
         for server in servers:
             server.stop()
+    state = trainer.state
+    if stop.signum is not None and state.global_step < state.max_steps:
+        saved = Path(output_dir) / f"checkpoint-{state.global_step}"
+        raise Interrupted(stop.signum, state.global_step, str(saved) if saved.is_dir() else None)
     trainer.save_model(output_dir)
     summary = {
         "stage": stage.name,
         "output_dir": output_dir,
-        "global_step": trainer.state.global_step,
+        "global_step": state.global_step,
         "world_size": training_args.world_size,
-        "max_steps": trainer.state.max_steps,
-        "resumed_from": resume,
+        "max_steps": state.max_steps,
+        "requested": {
+            "max_steps": training_args.max_steps,
+            "num_train_epochs": training_args.num_train_epochs,
+        },
+        "resumed_from": plan.checkpoint,
         "train_seconds": round(time.time() - started, 2),
+        "wall_seconds_total": clock.wall_seconds(),
         "metrics": result.metrics,
-        "last_log": next((h for h in reversed(trainer.state.log_history) if "loss" in h), None),
+        "last_log": next((h for h in reversed(state.log_history) if "loss" in h), None),
         "peak_gpu_memory_gib": None if getattr(training_args, "use_cpu", False) else _peak_gpu_memory_gib(),
+        **provenance(),
     }
     if is_main:
         history = Path(output_dir) / "log_history.json"
-        history.with_suffix(".tmp").write_text(json.dumps(trainer.state.log_history, default=str) + "\n")
+        history.with_suffix(".tmp").write_text(json.dumps(state.log_history, default=str) + "\n")
         history.with_suffix(".tmp").replace(history)
         tmp = Path(output_dir) / (RUN_SUMMARY_NAME + ".tmp")
         tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
         tmp.replace(Path(output_dir) / RUN_SUMMARY_NAME)
-        logger.info("Saved the final model to %s (global step %d).", output_dir, trainer.state.global_step)
+        logger.info("Saved the final model to %s (global step %d).", output_dir, state.global_step)
     if hasattr(trainer, "end"):
         trainer.end()
     return summary
@@ -398,27 +456,71 @@ def _print_help(stage: Stage) -> None:
         print()
 
 
+def split_debug_flag(argv: list[str]) -> tuple[list[str], bool]:
+    """``--debug``: show the traceback behind an ``error:`` line (not a config key)."""
+    return [a for a in argv if a != "--debug"], "--debug" in argv
+
+
+def resume_command(stage_name: str, argv: list[str]) -> str:
+    """The command that resumes this run: the same one, with an explicit checkpoint turned into ``last``."""
+    script = Path(sys.argv[0]).name if sys.argv and sys.argv[0].endswith(".py") else f"{stage_name}.py"
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg == "--resume_from_checkpoint" and i + 1 < len(args):
+            args[i + 1] = "last"
+        elif arg.startswith("--resume_from_checkpoint="):
+            args[i] = "--resume_from_checkpoint=last"
+    return shlex.join(["python", script, *args])
+
+
 def main(stage_name: str, argv: list[str] | None = None) -> int:
-    """Entry point of ``sft.py``, ``dpo.py``, ...: returns the process exit status."""
+    """Entry point of ``sft.py``, ``dpo.py``, ...: returns the process exit status.
+
+    A failure the user can fix is one ``error:`` line and status 2 (``--debug`` prints the traceback
+    above it); a finished run is one line and status 0; a signal during training saves a checkpoint and
+    prints one line with the command that resumes (status 128 + signal).
+    """
     argv = sys.argv[1:] if argv is None else argv
     setup_logging()
     if any(a in ("-h", "--help") for a in argv):
         _print_help(get_stage(stage_name))
         return 0
+    argv, debug = split_debug_flag(argv)
     try:
-        argv, preview_rows = split_preview_flag(argv)
+        run_argv, preview_rows = split_preview_flag(argv)
         if preview_rows is not None:  # GPU recipes preview on any machine, as they dry-run
-            stage, cfg = prepare(stage_name, [*argv, "--dry_run"])
+            stage, cfg = prepare(stage_name, [*run_argv, "--dry_run"])
             tokenizer, train_dataset, _ = load_data(stage, cfg)
             preview(stage, cfg, tokenizer, train_dataset, preview_rows)
             return 0
-        stage, cfg = prepare(stage_name, argv)
+        stage, cfg = prepare(stage_name, run_argv)
         if cfg.of(RunArguments).dry_run:
             print(cfg.render(), end="")
             print(f"# dry run: config valid, all validators passed for {stage.name}.py", file=sys.stderr)
             return 0
         train(stage, cfg)
     except DnaConfigError as exc:
+        if debug:
+            traceback.print_exc()
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except AlreadyFinished as exc:
+        logger.info("%s", exc)
+        return 0
+    except Interrupted as exc:
+        saved = f"saved {exc.checkpoint}" if exc.checkpoint else "no checkpoint was saved"
+        print(
+            f"interrupted: {exc} ({saved}). To resume, rerun: {resume_command(stage_name, argv)}",
+            file=sys.stderr,
+        )
+        return exc.status
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print(
+            "interrupted: stopped at once; a rerun resumes from the newest checkpoint-N on disk, if any. "
+            f"To resume, rerun: {resume_command(stage_name, argv)}",
+            file=sys.stderr,
+        )
+        return 130
     return 0

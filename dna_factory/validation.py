@@ -61,6 +61,38 @@ def dataset_columns(cfg: ResolvedConfig) -> set[str] | None:
     return columns
 
 
+def validate_model_folder(cfg: ResolvedConfig) -> None:
+    """A local folder that holds no model (no config.json, no adapter_config.json) fails now, by name."""
+    path = cfg.get("model_name_or_path")
+    folder = Path(str(path)).expanduser() if path else None
+    markers = ("config.json", "adapter_config.json")
+    if folder is not None and folder.is_dir() and not any((folder / name).is_file() for name in markers):
+        raise DnaConfigError(
+            f"Model path '{path}' is a folder without config.json, so it holds no transformers model. Point "
+            "model_name_or_path at a folder written by save_pretrained (a stage's output_dir or checkpoint-N), "
+            "or at a hub id."
+        )
+
+
+def validate_output_dir(cfg: ResolvedConfig) -> None:
+    """The output dir is a folder, or can be made one: no file in its place or above it, writable."""
+    out = Path(str(cfg.get("output_dir"))).expanduser()
+    if out.exists() and not out.is_dir():
+        raise DnaConfigError(f"output_dir '{out}' is a file, not a folder. Choose another output_dir.")
+    parent = out
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise DnaConfigError(
+            f"output_dir '{out}' cannot be created: '{parent}' is a file, not a folder. Choose another output_dir."
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DnaConfigError(
+            f"output_dir '{out}' cannot be written: '{parent}' is not writable by this user. Choose another "
+            "output_dir."
+        )
+
+
 def validate_resume(cfg: ResolvedConfig) -> None:
     resume = cfg.get("resume_from_checkpoint")
     if (
@@ -70,7 +102,7 @@ def validate_resume(cfg: ResolvedConfig) -> None:
     ):
         raise DnaConfigError(
             f"resume_from_checkpoint '{resume}' is not a directory. Point it at an existing checkpoint-N folder, "
-            "or use `true` for the last checkpoint in output_dir."
+            "or use `last` for the newest checkpoint in output_dir."
         )
 
 
@@ -131,6 +163,8 @@ def validate_gpu_packages(cfg: ResolvedConfig) -> None:
 
 COMMON_VALIDATORS = (
     validate_model,
+    validate_model_folder,
+    validate_output_dir,
     validate_resume,
     validate_report_to,
     validate_distributed_env,

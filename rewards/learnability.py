@@ -206,6 +206,9 @@ def write_atomic(path: str | os.PathLike[str], chunks: Iterable[str]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(handle, 0o666 & ~umask)  # mkstemp makes 0600; a plain open() would follow the umask
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             for chunk in chunks:
