@@ -3,7 +3,7 @@
 A recipe lists datasets::
 
     datasets:
-      - path: data/tiny/arith_sft.jsonl   # JSON/JSONL/Parquet file, save_to_disk folder or hub id
+      - path: data/tiny/arith_sft.jsonl   # JSON/JSONL/CSV (.gz/.bz2/.xz too)/Parquet file, save_to_disk folder or hub id
         label: arith                      # default: the path
         split: train                      # default: train
         weight: 2.0                       # seeded resampling; 0 drops the dataset
@@ -32,6 +32,8 @@ from dna_factory.prompts import PromptRule, compile_template, render_prompt_temp
 logger = logging.getLogger(__name__)
 
 LOCAL_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz"}
+"""Compression suffixes of JSON/JSONL/CSV files that both the dry run (stdlib) and ``datasets`` read."""
 SPEC_KEYS = {
     "path",
     "label",
@@ -76,12 +78,29 @@ class DatasetSpec:
         return looks_local(self.path)
 
 
+def data_suffix(path: Path) -> str:
+    """The data format's suffix of a file: ``.jsonl`` for ``x.jsonl`` and for ``x.jsonl.gz``."""
+    if path.suffix in COMPRESSIONS:
+        return Path(path.stem).suffix
+    return path.suffix
+
+
+def _open_binary(path: Path):
+    """The file's bytes, decompressed when its last suffix is a compression (.gz, .bz2, .xz)."""
+    import bz2
+    import gzip
+    import lzma
+
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(path.suffix, open)
+    return opener(path, "rb")
+
+
 def looks_local(path: str) -> bool:
     """A hub id is ``org/name``; anything with a file suffix, an explicit prefix or that exists is local."""
     p = Path(path).expanduser()
     return (
         p.exists()
-        or p.suffix in LOCAL_SUFFIXES
+        or data_suffix(p) in LOCAL_SUFFIXES
         or path.startswith(("/", "./", "../", "~"))
         or path.count("/") > 1
     )
@@ -170,7 +189,7 @@ JSONL_SCAN_LIMIT = 256 * 1024 * 1024
 
 def first_bad_jsonl_line(path: Path, label: str) -> DnaConfigError | None:
     """The error naming the first line of a JSONL file that is not one JSON object, or None when all are."""
-    with path.open("rb") as fh:
+    with _open_binary(path) as fh:
         for number, raw in enumerate(fh, 1):
             if not raw.strip():
                 continue
@@ -195,32 +214,40 @@ def first_bad_jsonl_line(path: Path, label: str) -> DnaConfigError | None:
 def peek_columns(spec: DatasetSpec) -> set[str] | None:
     """Column names of a local dataset read from its first record or metadata; None when unknown (hub)."""
     p = Path(spec.path).expanduser()
+    suffix = data_suffix(p)
     try:
         if p.is_dir():
             for info in list(p.glob("dataset_info.json")) + list(p.glob(f"{spec.split}/dataset_info.json")):
                 features = json.loads(info.read_text()).get("features") or {}
                 return set(features)
             return None
-        if p.suffix == ".parquet":
+        if suffix == ".parquet":
             import pyarrow.parquet as pq
 
             return set(pq.read_schema(p).names)
-        if p.suffix == ".jsonl":
+        if suffix == ".jsonl":
             if p.stat().st_size <= JSONL_SCAN_LIMIT and (bad := first_bad_jsonl_line(p, spec.label)):
                 raise bad
-            with p.open(encoding="utf-8") as fh:
+            with _open_binary(p) as fh:
                 for line in fh:
                     if line.strip():
                         return set(json.loads(line))
             return set()
-        if p.suffix == ".json":
-            data = json.loads(p.read_text(encoding="utf-8"))
+        if suffix == ".json":
+            with _open_binary(p) as fh:
+                data = json.load(fh)
             if isinstance(data, list):
                 return set(data[0]) if data else set()
             return None
+        if suffix == ".csv":
+            import csv
+            import io
+
+            with _open_binary(p) as fh:
+                return set(next(csv.reader(io.TextIOWrapper(fh, encoding="utf-8", newline="")), []))
     except DnaConfigError:
         raise
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError) as exc:
         raise DnaConfigError(
             f"Could not read dataset '{spec.path}': {exc}. Check that the file is valid."
         ) from None
@@ -228,26 +255,35 @@ def peek_columns(spec: DatasetSpec) -> set[str] | None:
 
 
 def peek_rows(spec: DatasetSpec, n: int = 5) -> list[dict] | None:
-    """The first ``n`` records of a local JSON/JSONL/Parquet file (raw, before ``columns``); None when unknown."""
+    """The first ``n`` records of a local JSON/JSONL/CSV/Parquet file (raw, before ``columns``); None when unknown."""
     p = Path(spec.path).expanduser()
+    suffix = data_suffix(p)
     try:
-        if p.suffix == ".jsonl" and p.is_file():
+        if suffix == ".jsonl" and p.is_file():
             rows = []
-            with p.open(encoding="utf-8") as fh:
+            with _open_binary(p) as fh:
                 for line in fh:
                     if line.strip():
                         rows.append(json.loads(line))
                     if len(rows) >= n:
                         break
             return rows
-        if p.suffix == ".json" and p.is_file():
-            data = json.loads(p.read_text(encoding="utf-8"))
+        if suffix == ".json" and p.is_file():
+            with _open_binary(p) as fh:
+                data = json.load(fh)
             return data[:n] if isinstance(data, list) else None
-        if p.suffix == ".parquet" and p.is_file():
+        if suffix == ".csv" and p.is_file():
+            import csv
+            import io
+
+            with _open_binary(p) as fh:
+                reader = csv.DictReader(io.TextIOWrapper(fh, encoding="utf-8", newline=""))
+                return [row for _, row in zip(range(n), reader, strict=False)]
+        if suffix == ".parquet" and p.is_file():
             import pyarrow.parquet as pq
 
             return pq.ParquetFile(p).read_row_group(0).slice(0, n).to_pylist()
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError):
         return None
     return None
 
@@ -395,18 +431,18 @@ def _load_one(spec: DatasetSpec):
                 ds = ds[spec.split]
             return ds
         if p.is_file():
-            builder = LOCAL_SUFFIXES.get(p.suffix)
-            if builder is None:
+            builder = LOCAL_SUFFIXES.get(data_suffix(p))
+            if builder is None or (p.suffix in COMPRESSIONS and builder not in ("json", "csv")):
                 raise DnaConfigError(
-                    f"Dataset '{spec.path}' has an unsupported suffix. Use .json, .jsonl, .parquet, .csv or a "
-                    "save_to_disk folder."
+                    f"Dataset '{spec.path}' has an unsupported suffix. Use .json, .jsonl, .csv (each may be "
+                    ".gz, .bz2 or .xz compressed), .parquet, .arrow or a save_to_disk folder."
                 )
             return datasets.load_dataset(builder, data_files=str(p), split="train")
         return datasets.load_dataset(spec.path, name=spec.name, data_files=spec.data_files, split=spec.split)
     except DnaConfigError:
         raise
     except Exception as exc:  # datasets raises many types; the user needs the dataset name and the cause
-        if p.is_file() and p.suffix == ".jsonl" and (bad := first_bad_jsonl_line(p, spec.label)):
+        if p.is_file() and data_suffix(p) == ".jsonl" and (bad := first_bad_jsonl_line(p, spec.label)):
             raise bad from None
         raise DnaConfigError(
             f"Could not load dataset '{spec.label}' ({spec.path}): {type(exc).__name__}: {exc}. "
