@@ -466,6 +466,29 @@ def _resample(ds, spec: DatasetSpec, seed: int):
     return ds.select(indices)
 
 
+SOURCE_LABEL = "source_label"
+"""Where a dataset's own ``label`` column goes: ``label`` is the recipe's dataset label (``only_label`` reads it)."""
+
+
+def _keep_own_label(ds, spec: DatasetSpec):
+    """Rename a dataset's own ``label`` column to ``source_label`` (logged) so the recipe's label can take its place."""
+    if "label" not in ds.column_names:
+        return ds
+    if SOURCE_LABEL in ds.column_names:
+        raise DnaConfigError(
+            f"Dataset '{spec.label}' ({spec.path}) has both a `label` and a `{SOURCE_LABEL}` column; the mixture "
+            f"adds its own `label` (the recipe's dataset label) and keeps a dataset's `label` as `{SOURCE_LABEL}`. "
+            "Select or rename the columns with `columns:` (e.g. {label: difficulty})."
+        )
+    logger.info(
+        "Dataset '%s' has its own `label` column: kept as `%s`; `label` is the recipe's dataset label '%s'.",
+        spec.label,
+        SOURCE_LABEL,
+        spec.label,
+    )
+    return ds.rename_column("label", SOURCE_LABEL)
+
+
 def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42, prompt_rule: PromptRule | None = None):
     """Load, check, normalise, template, label, resample and concatenate the datasets of a mixture.
 
@@ -512,8 +535,7 @@ def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42, prompt_rule
         ds = ds.map(normalise, with_indices=True, remove_columns=remove, desc=f"Checking {spec.label}")
         if prompt_rule is not None:
             ds = prompt_rule.apply(ds, fmt, spec.label)
-        if "label" in ds.column_names:
-            ds = ds.remove_columns("label")
+        ds = _keep_own_label(ds, spec)
         ds = ds.add_column("label", [spec.label] * len(ds))
         ds = _resample(ds, spec, seed + k)
         logger.info("Dataset '%s': %d rows (weight %g).", spec.label, len(ds), spec.weight)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dna_factory.checkpoint_eval import validate_checkpoint_eval
 from dna_factory.config import ResolvedConfig
-from dna_factory.data import check_format_columns, looks_local, parse_specs, peek_columns
+from dna_factory.data import SOURCE_LABEL, check_format_columns, looks_local, parse_specs, peek_columns
 from dna_factory.errors import DnaConfigError
 from dna_factory.prompts import validate_prompt_settings
 
@@ -55,7 +55,8 @@ def dataset_columns(cfg: ResolvedConfig) -> set[str] | None:
         peeked = peek_columns(spec) if spec.is_local else None
         if peeked is None:
             return None
-        columns |= {new for _, new in spec.columns} if spec.columns else peeked
+        own = {new for _, new in spec.columns} if spec.columns else peeked
+        columns |= own | ({SOURCE_LABEL} if "label" in own else set())  # load_mixture keeps it so
         if "messages" in columns:
             columns |= {"prompt", "expected_output"}
     return columns
