@@ -7,7 +7,8 @@ A recipe lists datasets::
         label: arith                      # default: the path
         split: train                      # default: train
         weight: 2.0                       # seeded resampling; 0 drops the dataset
-        columns: [messages]               # keep only these columns; a mapping renames: {question: prompt}
+        columns: [messages]               # keep only these columns; a mapping renames: {question: prompt};
+                                          # a dotted path selects a nested field: {doc.question: prompt}
         max_samples: 100                  # seeded shuffle, then the first N
         prompt_template: "{{ prompt }} Put the final answer within \\boxed{}."   # optional, Jinja2
 
@@ -211,16 +212,58 @@ def first_bad_jsonl_line(path: Path, label: str) -> DnaConfigError | None:
     return None
 
 
+def nested_sources(spec: DatasetSpec, names: set[str]) -> list[str]:
+    """The ``columns:`` sources that are dotted paths into nested fields (not columns of their own)."""
+    return [source for source, _ in spec.columns or () if source not in names and "." in source]
+
+
+def _nested_names(value: Any, prefix: str) -> set[str]:
+    """``prefix.key`` for every key of a nested mapping, at every depth."""
+    if not isinstance(value, dict):
+        return set()
+    names = set()
+    for key, inner in value.items():
+        if isinstance(key, str):
+            names |= {f"{prefix}.{key}"} | _nested_names(inner, f"{prefix}.{key}")
+    return names
+
+
+def _saved_features(spec: DatasetSpec) -> dict | None:
+    p = Path(spec.path).expanduser()
+    for info in list(p.glob("dataset_info.json")) + list(p.glob(f"{spec.split}/dataset_info.json")):
+        return json.loads(info.read_text()).get("features") or {}
+    return None
+
+
 def peek_columns(spec: DatasetSpec) -> set[str] | None:
-    """Column names of a local dataset read from its first record or metadata; None when unknown (hub)."""
+    """Column names of a local dataset read from its first record or metadata; None when unknown (hub).
+
+    When ``columns:`` selects nested fields (``doc.question``), the dotted names of the first
+    record's nested keys are included, so the selection can be checked.
+    """
+    names = _peek_top_columns(spec)
+    if names is None or not nested_sources(spec, names):
+        return names
+    if Path(spec.path).expanduser().is_dir():
+        features = _saved_features(spec) or {}
+        struct = {k: v for k, v in features.items() if isinstance(v, dict) and "_type" not in v}
+
+        def keys(feature):  # a struct feature is a plain mapping of its fields
+            return {k: keys(v) for k, v in feature.items()} if "_type" not in feature else None
+
+        record = {k: keys(v) for k, v in struct.items()}
+    else:
+        record = (peek_rows(spec, 1) or [{}])[0]
+    return names | {dotted for key, value in record.items() for dotted in _nested_names(value, key)}
+
+
+def _peek_top_columns(spec: DatasetSpec) -> set[str] | None:
     p = Path(spec.path).expanduser()
     suffix = data_suffix(p)
     try:
         if p.is_dir():
-            for info in list(p.glob("dataset_info.json")) + list(p.glob(f"{spec.split}/dataset_info.json")):
-                features = json.loads(info.read_text()).get("features") or {}
-                return set(features)
-            return None
+            features = _saved_features(spec)
+            return None if features is None else set(features)
         if suffix == ".parquet":
             import pyarrow.parquet as pq
 
@@ -292,6 +335,17 @@ def check_format_columns(spec: DatasetSpec, columns: set[str], fmt: str) -> None
     """Raise when a dataset's columns cannot satisfy the stage's format."""
     if spec.columns is not None:
         missing = [source for source, _ in spec.columns if source not in columns]
+        head = missing[0].rpartition(".")[0] if missing else ""
+        if head in columns:
+            keys = sorted(
+                c[len(head) + 1 :]
+                for c in columns
+                if c.startswith(head + ".") and "." not in c[len(head) + 1 :]
+            )
+            raise DnaConfigError(
+                f"Dataset '{spec.label}' ({spec.path}) has no nested field {missing[0]!r} listed in `columns`: "
+                f"`{head}` has keys: {', '.join(keys) or '(none: it is not a mapping)'}. Fix the path in `columns`."
+            )
         if missing:
             raise DnaConfigError(
                 f"Dataset '{spec.label}' ({spec.path}) has no column {missing[0]!r} listed in `columns`. "
@@ -506,7 +560,11 @@ def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42, prompt_rule
             logger.info("Dataset '%s' has weight 0: dropped from the mixture.", spec.label)
             continue
         ds = _load_one(spec)
-        check_format_columns(spec, set(ds.column_names), fmt)
+        columns = set(ds.column_names)
+        if nested_sources(spec, columns):  # columns: {doc.question: prompt}; flatten() names it doc.question
+            ds = ds.flatten()
+            columns |= set(ds.column_names)
+        check_format_columns(spec, columns, fmt)
         if spec.columns is not None:
             ds = ds.select_columns([source for source, _ in spec.columns])
             renames = {source: new for source, new in spec.columns if source != new}
