@@ -46,6 +46,23 @@ def validate_datasets(cfg: ResolvedConfig, data_format: str) -> None:
             columns = peek_columns(spec) if spec.is_local else None
             if columns is not None:
                 check_format_columns(spec, columns, data_format)
+    validate_only_labels(cfg)
+
+
+def validate_only_labels(cfg: ResolvedConfig) -> None:
+    """A reward's ``only_label`` names the ``label`` of a dataset in the mixture (else it scores no row)."""
+    labels = sorted({spec.label for spec in parse_specs(cfg.get("datasets")) if spec.weight > 0})
+    for entry in cfg.get("reward_funcs") or []:
+        wanted = entry.get("only_label") if isinstance(entry, dict) else None
+        if wanted is not None and str(wanted) not in labels:
+            from dna_factory.config import suggest
+
+            shown = repr(entry) if len(repr(entry)) <= 120 else repr(entry)[:117] + "..."
+            raise DnaConfigError(
+                f"Reward {shown} has only_label {wanted!r}, but no dataset in the mixture has that label, so it "
+                f"would score no row.{suggest(str(wanted), labels)} Set only_label to one of the datasets' "
+                f"labels ({', '.join(labels)}) or fix the dataset's `label:`."
+            )
 
 
 def dataset_columns(cfg: ResolvedConfig) -> set[str] | None:
