@@ -164,7 +164,26 @@ def _named_function(name: str, entry: Any) -> RewardFunc:
             f"Reward {_describe_entry(entry)} resolves to a {type(func).__name__}, which is not callable. "
             "Point it at a reward function or a reward object."
         )
+    if _looks_like_factory(func):
+        registered = [
+            n for n, f in FACTORIES.items() if f.target == name or f.target.replace(":", ".") == name
+        ]
+        also = f" (registered as {registered[0]!r})" if registered else ""
+        params = ", ".join(inspect.signature(func).parameters) or "none"
+        raise RewardConfigError(
+            f"Reward {_describe_entry(entry)} names {getattr(func, '__name__', name)!r}, whose parameters ({params}) "
+            "have no `completions`: this looks like a factory that builds a reward, not a reward. Use "
+            f"{{factory: {name}, <its options>}}{also}."
+        )
     return func
+
+
+def _looks_like_factory(func: Any) -> bool:
+    """A plain function that takes neither ``completions`` nor ``**kwargs`` cannot be called by TRL as a reward."""
+    if not inspect.isfunction(func):
+        return False  # a reward object, a class or a builtin: not judged by its signature
+    parameters = inspect.signature(func).parameters.values()
+    return not any(p.kind == p.VAR_KEYWORD or p.name == "completions" for p in parameters)
 
 
 _SIMPLE_TYPES: dict[str, tuple[type, ...]] = {
