@@ -160,6 +160,10 @@ COMMON_VALIDATORS = (
 
 def run_validators(cfg: ResolvedConfig, stage) -> None:
     """Run the common validators, the dataset check for the stage's format and the stage's own."""
+    if cfg.recipe_path:  # reward_funcs may name a module beside the recipe (my_rewards:brevity)
+        from rewards.registry import add_recipe_dir
+
+        add_recipe_dir(Path(cfg.recipe_path).parent)
     for check in COMMON_VALIDATORS:
         check(cfg)
     validate_datasets(cfg, stage.data_format)
