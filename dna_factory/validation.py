@@ -29,11 +29,26 @@ def validate_model(cfg: ResolvedConfig) -> None:
         )
     if looks_local(path) and not Path(path).expanduser().exists():
         hint = ""
-        if "tiny" in Path(path).as_posix():
+        near = _near_folder(Path(path))
+        if near is not None:
+            hint = f" Did you mean '{near}'? Fix the path."
+        elif "tiny" in Path(path).as_posix():
             hint = f" Build the tiny offline model first: {TINY_MODEL_HINT.format(path=path)} (or `make tiny-models`)."
         raise DnaConfigError(
             f"Model path '{path}' does not exist.{hint or ' Check the path or use a hub id.'}"
         )
+
+
+def _near_folder(path: Path) -> str | None:
+    """The existing sibling folder whose name is close to ``path``'s (a typo), as the path to write; else None."""
+    import difflib
+
+    parent = path.expanduser().parent
+    if not parent.is_dir():
+        return None
+    names = sorted(child.name for child in parent.iterdir() if child.is_dir())
+    match = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    return (path.parent / match[0]).as_posix() if match else None
 
 
 def validate_datasets(cfg: ResolvedConfig, data_format: str) -> None:
