@@ -19,7 +19,6 @@ then. Where linking fails (another filesystem) the files are copied, with a warn
 from __future__ import annotations
 
 import ast
-import difflib
 import importlib.util
 import logging
 import os
@@ -29,9 +28,9 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dna_factory.config import ResolvedConfig
+from dna_factory.config import ResolvedConfig, suggest
 from dna_factory.errors import DnaConfigError
-from dna_factory.eval_harness import resolve_tasks
+from dna_factory.eval_harness import LOCAL_TASKS, resolve_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -291,11 +290,10 @@ def _check_registry_tasks(registry: list) -> None:
         return  # the registry's layout changed: Inspect reports an unknown name at the first eval
     for task in registry:
         if task.name not in known:
-            near = difflib.get_close_matches(task.name, sorted(known), n=1)
-            hint = f" Did you mean {near[0]!r}?" if near else ""
             raise DnaConfigError(
                 f"eval_tasks has {task.name!r}, which is neither a task of dna_factory/eval_tasks.py nor of "
-                f"the inspect_evals registry.{hint} Fix the name or give FILE.py@TASK."
+                f"the inspect_evals registry.{suggest(task.name, sorted({*LOCAL_TASKS, *known}))} Fix the name or "
+                "give FILE.py@TASK."
             )
 
 

@@ -3,11 +3,12 @@
 A recipe lists datasets::
 
     datasets:
-      - path: data/tiny/arith_sft.jsonl   # JSON/JSONL/Parquet file, save_to_disk folder or hub id
+      - path: data/tiny/arith_sft.jsonl   # JSON/JSONL/CSV (.gz/.bz2/.xz too)/Parquet file, save_to_disk folder or hub id
         label: arith                      # default: the path
         split: train                      # default: train
         weight: 2.0                       # seeded resampling; 0 drops the dataset
-        columns: [messages]               # keep only these columns; a mapping renames: {question: prompt}
+        columns: [messages]               # keep only these columns; a mapping renames: {question: prompt};
+                                          # a dotted path selects a nested field: {doc.question: prompt}
         max_samples: 100                  # seeded shuffle, then the first N
         prompt_template: "{{ prompt }} Put the final answer within \\boxed{}."   # optional, Jinja2
 
@@ -32,6 +33,8 @@ from dna_factory.prompts import PromptRule, compile_template, render_prompt_temp
 logger = logging.getLogger(__name__)
 
 LOCAL_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz"}
+"""Compression suffixes of JSON/JSONL/CSV files that both the dry run (stdlib) and ``datasets`` read."""
 SPEC_KEYS = {
     "path",
     "label",
@@ -76,12 +79,29 @@ class DatasetSpec:
         return looks_local(self.path)
 
 
+def data_suffix(path: Path) -> str:
+    """The data format's suffix of a file: ``.jsonl`` for ``x.jsonl`` and for ``x.jsonl.gz``."""
+    if path.suffix in COMPRESSIONS:
+        return Path(path.stem).suffix
+    return path.suffix
+
+
+def _open_binary(path: Path):
+    """The file's bytes, decompressed when its last suffix is a compression (.gz, .bz2, .xz)."""
+    import bz2
+    import gzip
+    import lzma
+
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(path.suffix, open)
+    return opener(path, "rb")
+
+
 def looks_local(path: str) -> bool:
     """A hub id is ``org/name``; anything with a file suffix, an explicit prefix or that exists is local."""
     p = Path(path).expanduser()
     return (
         p.exists()
-        or p.suffix in LOCAL_SUFFIXES
+        or data_suffix(p) in LOCAL_SUFFIXES
         or path.startswith(("/", "./", "../", "~"))
         or path.count("/") > 1
     )
@@ -170,7 +190,7 @@ JSONL_SCAN_LIMIT = 256 * 1024 * 1024
 
 def first_bad_jsonl_line(path: Path, label: str) -> DnaConfigError | None:
     """The error naming the first line of a JSONL file that is not one JSON object, or None when all are."""
-    with path.open("rb") as fh:
+    with _open_binary(path) as fh:
         for number, raw in enumerate(fh, 1):
             if not raw.strip():
                 continue
@@ -192,35 +212,85 @@ def first_bad_jsonl_line(path: Path, label: str) -> DnaConfigError | None:
     return None
 
 
-def peek_columns(spec: DatasetSpec) -> set[str] | None:
-    """Column names of a local dataset read from its first record or metadata; None when unknown (hub)."""
+def nested_sources(spec: DatasetSpec, names: set[str]) -> list[str]:
+    """The ``columns:`` sources that are dotted paths into nested fields (not columns of their own)."""
+    return [source for source, _ in spec.columns or () if source not in names and "." in source]
+
+
+def _nested_names(value: Any, prefix: str) -> set[str]:
+    """``prefix.key`` for every key of a nested mapping, at every depth."""
+    if not isinstance(value, dict):
+        return set()
+    names = set()
+    for key, inner in value.items():
+        if isinstance(key, str):
+            names |= {f"{prefix}.{key}"} | _nested_names(inner, f"{prefix}.{key}")
+    return names
+
+
+def _saved_features(spec: DatasetSpec) -> dict | None:
     p = Path(spec.path).expanduser()
+    for info in list(p.glob("dataset_info.json")) + list(p.glob(f"{spec.split}/dataset_info.json")):
+        return json.loads(info.read_text()).get("features") or {}
+    return None
+
+
+def peek_columns(spec: DatasetSpec) -> set[str] | None:
+    """Column names of a local dataset read from its first record or metadata; None when unknown (hub).
+
+    When ``columns:`` selects nested fields (``doc.question``), the dotted names of the first
+    record's nested keys are included, so the selection can be checked.
+    """
+    names = _peek_top_columns(spec)
+    if names is None or not nested_sources(spec, names):
+        return names
+    if Path(spec.path).expanduser().is_dir():
+        features = _saved_features(spec) or {}
+        struct = {k: v for k, v in features.items() if isinstance(v, dict) and "_type" not in v}
+
+        def keys(feature):  # a struct feature is a plain mapping of its fields
+            return {k: keys(v) for k, v in feature.items()} if "_type" not in feature else None
+
+        record = {k: keys(v) for k, v in struct.items()}
+    else:
+        record = (peek_rows(spec, 1) or [{}])[0]
+    return names | {dotted for key, value in record.items() for dotted in _nested_names(value, key)}
+
+
+def _peek_top_columns(spec: DatasetSpec) -> set[str] | None:
+    p = Path(spec.path).expanduser()
+    suffix = data_suffix(p)
     try:
         if p.is_dir():
-            for info in list(p.glob("dataset_info.json")) + list(p.glob(f"{spec.split}/dataset_info.json")):
-                features = json.loads(info.read_text()).get("features") or {}
-                return set(features)
-            return None
-        if p.suffix == ".parquet":
+            features = _saved_features(spec)
+            return None if features is None else set(features)
+        if suffix == ".parquet":
             import pyarrow.parquet as pq
 
             return set(pq.read_schema(p).names)
-        if p.suffix == ".jsonl":
+        if suffix == ".jsonl":
             if p.stat().st_size <= JSONL_SCAN_LIMIT and (bad := first_bad_jsonl_line(p, spec.label)):
                 raise bad
-            with p.open(encoding="utf-8") as fh:
+            with _open_binary(p) as fh:
                 for line in fh:
                     if line.strip():
                         return set(json.loads(line))
             return set()
-        if p.suffix == ".json":
-            data = json.loads(p.read_text(encoding="utf-8"))
+        if suffix == ".json":
+            with _open_binary(p) as fh:
+                data = json.load(fh)
             if isinstance(data, list):
                 return set(data[0]) if data else set()
             return None
+        if suffix == ".csv":
+            import csv
+            import io
+
+            with _open_binary(p) as fh:
+                return set(next(csv.reader(io.TextIOWrapper(fh, encoding="utf-8", newline="")), []))
     except DnaConfigError:
         raise
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError) as exc:
         raise DnaConfigError(
             f"Could not read dataset '{spec.path}': {exc}. Check that the file is valid."
         ) from None
@@ -228,26 +298,35 @@ def peek_columns(spec: DatasetSpec) -> set[str] | None:
 
 
 def peek_rows(spec: DatasetSpec, n: int = 5) -> list[dict] | None:
-    """The first ``n`` records of a local JSON/JSONL/Parquet file (raw, before ``columns``); None when unknown."""
+    """The first ``n`` records of a local JSON/JSONL/CSV/Parquet file (raw, before ``columns``); None when unknown."""
     p = Path(spec.path).expanduser()
+    suffix = data_suffix(p)
     try:
-        if p.suffix == ".jsonl" and p.is_file():
+        if suffix == ".jsonl" and p.is_file():
             rows = []
-            with p.open(encoding="utf-8") as fh:
+            with _open_binary(p) as fh:
                 for line in fh:
                     if line.strip():
                         rows.append(json.loads(line))
                     if len(rows) >= n:
                         break
             return rows
-        if p.suffix == ".json" and p.is_file():
-            data = json.loads(p.read_text(encoding="utf-8"))
+        if suffix == ".json" and p.is_file():
+            with _open_binary(p) as fh:
+                data = json.load(fh)
             return data[:n] if isinstance(data, list) else None
-        if p.suffix == ".parquet" and p.is_file():
+        if suffix == ".csv" and p.is_file():
+            import csv
+            import io
+
+            with _open_binary(p) as fh:
+                reader = csv.DictReader(io.TextIOWrapper(fh, encoding="utf-8", newline=""))
+                return [row for _, row in zip(range(n), reader, strict=False)]
+        if suffix == ".parquet" and p.is_file():
             import pyarrow.parquet as pq
 
             return pq.ParquetFile(p).read_row_group(0).slice(0, n).to_pylist()
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError):
         return None
     return None
 
@@ -256,6 +335,17 @@ def check_format_columns(spec: DatasetSpec, columns: set[str], fmt: str) -> None
     """Raise when a dataset's columns cannot satisfy the stage's format."""
     if spec.columns is not None:
         missing = [source for source, _ in spec.columns if source not in columns]
+        head = missing[0].rpartition(".")[0] if missing else ""
+        if head in columns:
+            keys = sorted(
+                c[len(head) + 1 :]
+                for c in columns
+                if c.startswith(head + ".") and "." not in c[len(head) + 1 :]
+            )
+            raise DnaConfigError(
+                f"Dataset '{spec.label}' ({spec.path}) has no nested field {missing[0]!r} listed in `columns`: "
+                f"`{head}` has keys: {', '.join(keys) or '(none: it is not a mapping)'}. Fix the path in `columns`."
+            )
         if missing:
             raise DnaConfigError(
                 f"Dataset '{spec.label}' ({spec.path}) has no column {missing[0]!r} listed in `columns`. "
@@ -395,18 +485,18 @@ def _load_one(spec: DatasetSpec):
                 ds = ds[spec.split]
             return ds
         if p.is_file():
-            builder = LOCAL_SUFFIXES.get(p.suffix)
-            if builder is None:
+            builder = LOCAL_SUFFIXES.get(data_suffix(p))
+            if builder is None or (p.suffix in COMPRESSIONS and builder not in ("json", "csv")):
                 raise DnaConfigError(
-                    f"Dataset '{spec.path}' has an unsupported suffix. Use .json, .jsonl, .parquet, .csv or a "
-                    "save_to_disk folder."
+                    f"Dataset '{spec.path}' has an unsupported suffix. Use .json, .jsonl, .csv (each may be "
+                    ".gz, .bz2 or .xz compressed), .parquet, .arrow or a save_to_disk folder."
                 )
             return datasets.load_dataset(builder, data_files=str(p), split="train")
         return datasets.load_dataset(spec.path, name=spec.name, data_files=spec.data_files, split=spec.split)
     except DnaConfigError:
         raise
     except Exception as exc:  # datasets raises many types; the user needs the dataset name and the cause
-        if p.is_file() and p.suffix == ".jsonl" and (bad := first_bad_jsonl_line(p, spec.label)):
+        if p.is_file() and data_suffix(p) == ".jsonl" and (bad := first_bad_jsonl_line(p, spec.label)):
             raise bad from None
         raise DnaConfigError(
             f"Could not load dataset '{spec.label}' ({spec.path}): {type(exc).__name__}: {exc}. "
@@ -430,6 +520,29 @@ def _resample(ds, spec: DatasetSpec, seed: int):
     return ds.select(indices)
 
 
+SOURCE_LABEL = "source_label"
+"""Where a dataset's own ``label`` column goes: ``label`` is the recipe's dataset label (``only_label`` reads it)."""
+
+
+def _keep_own_label(ds, spec: DatasetSpec):
+    """Rename a dataset's own ``label`` column to ``source_label`` (logged) so the recipe's label can take its place."""
+    if "label" not in ds.column_names:
+        return ds
+    if SOURCE_LABEL in ds.column_names:
+        raise DnaConfigError(
+            f"Dataset '{spec.label}' ({spec.path}) has both a `label` and a `{SOURCE_LABEL}` column; the mixture "
+            f"adds its own `label` (the recipe's dataset label) and keeps a dataset's `label` as `{SOURCE_LABEL}`. "
+            "Select or rename the columns with `columns:` (e.g. {label: difficulty})."
+        )
+    logger.info(
+        "Dataset '%s' has its own `label` column: kept as `%s`; `label` is the recipe's dataset label '%s'.",
+        spec.label,
+        SOURCE_LABEL,
+        spec.label,
+    )
+    return ds.rename_column("label", SOURCE_LABEL)
+
+
 def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42, prompt_rule: PromptRule | None = None):
     """Load, check, normalise, template, label, resample and concatenate the datasets of a mixture.
 
@@ -447,7 +560,11 @@ def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42, prompt_rule
             logger.info("Dataset '%s' has weight 0: dropped from the mixture.", spec.label)
             continue
         ds = _load_one(spec)
-        check_format_columns(spec, set(ds.column_names), fmt)
+        columns = set(ds.column_names)
+        if nested_sources(spec, columns):  # columns: {doc.question: prompt}; flatten() names it doc.question
+            ds = ds.flatten()
+            columns |= set(ds.column_names)
+        check_format_columns(spec, columns, fmt)
         if spec.columns is not None:
             ds = ds.select_columns([source for source, _ in spec.columns])
             renames = {source: new for source, new in spec.columns if source != new}
@@ -476,8 +593,7 @@ def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42, prompt_rule
         ds = ds.map(normalise, with_indices=True, remove_columns=remove, desc=f"Checking {spec.label}")
         if prompt_rule is not None:
             ds = prompt_rule.apply(ds, fmt, spec.label)
-        if "label" in ds.column_names:
-            ds = ds.remove_columns("label")
+        ds = _keep_own_label(ds, spec)
         ds = ds.add_column("label", [spec.label] * len(ds))
         ds = _resample(ds, spec, seed + k)
         logger.info("Dataset '%s': %d rows (weight %g).", spec.label, len(ds), spec.weight)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dna_factory.checkpoint_eval import validate_checkpoint_eval
 from dna_factory.config import ResolvedConfig
-from dna_factory.data import check_format_columns, looks_local, parse_specs, peek_columns
+from dna_factory.data import SOURCE_LABEL, check_format_columns, looks_local, parse_specs, peek_columns
 from dna_factory.errors import DnaConfigError
 from dna_factory.prompts import validate_prompt_settings
 
@@ -29,11 +29,26 @@ def validate_model(cfg: ResolvedConfig) -> None:
         )
     if looks_local(path) and not Path(path).expanduser().exists():
         hint = ""
-        if "tiny" in Path(path).as_posix():
+        near = _near_folder(Path(path))
+        if near is not None:
+            hint = f" Did you mean '{near}'? Fix the path."
+        elif "tiny" in Path(path).as_posix():
             hint = f" Build the tiny offline model first: {TINY_MODEL_HINT.format(path=path)} (or `make tiny-models`)."
         raise DnaConfigError(
             f"Model path '{path}' does not exist.{hint or ' Check the path or use a hub id.'}"
         )
+
+
+def _near_folder(path: Path) -> str | None:
+    """The existing sibling folder whose name is close to ``path``'s (a typo), as the path to write; else None."""
+    import difflib
+
+    parent = path.expanduser().parent
+    if not parent.is_dir():
+        return None
+    names = sorted(child.name for child in parent.iterdir() if child.is_dir())
+    match = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    return (path.parent / match[0]).as_posix() if match else None
 
 
 def validate_datasets(cfg: ResolvedConfig, data_format: str) -> None:
@@ -46,6 +61,23 @@ def validate_datasets(cfg: ResolvedConfig, data_format: str) -> None:
             columns = peek_columns(spec) if spec.is_local else None
             if columns is not None:
                 check_format_columns(spec, columns, data_format)
+    validate_only_labels(cfg)
+
+
+def validate_only_labels(cfg: ResolvedConfig) -> None:
+    """A reward's ``only_label`` names the ``label`` of a dataset in the mixture (else it scores no row)."""
+    labels = sorted({spec.label for spec in parse_specs(cfg.get("datasets")) if spec.weight > 0})
+    for entry in cfg.get("reward_funcs") or []:
+        wanted = entry.get("only_label") if isinstance(entry, dict) else None
+        if wanted is not None and str(wanted) not in labels:
+            from dna_factory.config import suggest
+
+            shown = repr(entry) if len(repr(entry)) <= 120 else repr(entry)[:117] + "..."
+            raise DnaConfigError(
+                f"Reward {shown} has only_label {wanted!r}, but no dataset in the mixture has that label, so it "
+                f"would score no row.{suggest(str(wanted), labels)} Set only_label to one of the datasets' "
+                f"labels ({', '.join(labels)}) or fix the dataset's `label:`."
+            )
 
 
 def dataset_columns(cfg: ResolvedConfig) -> set[str] | None:
@@ -55,7 +87,8 @@ def dataset_columns(cfg: ResolvedConfig) -> set[str] | None:
         peeked = peek_columns(spec) if spec.is_local else None
         if peeked is None:
             return None
-        columns |= {new for _, new in spec.columns} if spec.columns else peeked
+        own = {new for _, new in spec.columns} if spec.columns else peeked
+        columns |= own | ({SOURCE_LABEL} if "label" in own else set())  # load_mixture keeps it so
         if "messages" in columns:
             columns |= {"prompt", "expected_output"}
     return columns
@@ -176,6 +209,10 @@ COMMON_VALIDATORS = (
 
 def run_validators(cfg: ResolvedConfig, stage) -> None:
     """Run the common validators, the dataset check for the stage's format and the stage's own."""
+    if cfg.recipe_path:  # reward_funcs may name a module beside the recipe (my_rewards:brevity)
+        from rewards.registry import add_recipe_dir
+
+        add_recipe_dir(Path(cfg.recipe_path).parent)
     for check in COMMON_VALIDATORS:
         check(cfg)
     validate_datasets(cfg, stage.data_format)

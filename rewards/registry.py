@@ -12,7 +12,11 @@ An entry is one of:
       - {factory: judge, rubric: rewards/prompts/default.md}
       - {factory: get_soft_overlong_punishment, max_completion_len: 4096, soft_punish_cache: 512}
 
-- a mapping that weights a named function: ``{function: accuracy_reward, weight: 0.5}``.
+- a mapping that weights a named function: ``{function: accuracy_reward, weight: 0.5}``;
+- a mapping that names a builder by path: ``{factory: my_rewards:make_reward, option: value}``.
+
+A module path that Python cannot import is looked for beside the recipe (:func:`add_recipe_dir`)
+and in the working directory, so a recipe's own ``my_rewards.py`` needs no PYTHONPATH.
 
 Every problem raises :class:`RewardConfigError` with a message "what is wrong. what to do.",
 before any model or dataset loads; :func:`check_reward_columns` lets ``--dry_run`` reject a
@@ -37,8 +41,10 @@ import importlib
 import inspect
 import logging
 import math
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from dna_factory.errors import DnaConfigError
@@ -116,6 +122,46 @@ def _describe_entry(entry: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+_RECIPE_DIRS: list[Path] = []
+
+
+def add_recipe_dir(folder: str | Path) -> None:
+    """Let ``module:function`` paths in ``reward_funcs`` name a module beside the recipe in ``folder``.
+
+    The runner's validation calls it with the recipe's directory before any reward resolves.
+    """
+    folder = Path(folder).resolve()
+    if folder not in _RECIPE_DIRS:
+        _RECIPE_DIRS.append(folder)
+
+
+def _search_dirs() -> list[Path]:
+    """Where a reward module that is not importable is looked for: the recipe's directory, then the cwd."""
+    return list(dict.fromkeys([*_RECIPE_DIRS, Path.cwd().resolve()]))
+
+
+def _import_module(module_name: str) -> Any:
+    """``importlib.import_module``, falling back to a module file beside the recipe or in the working directory.
+
+    A folder that holds the module is appended to ``sys.path`` (so the module's own imports and a
+    spawned process that unpickles its rewards, such as async GRPO's rollout worker, find it too).
+    """
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        top = module_name.partition(".")[0]
+        if exc.name != top:  # the module exists but one of its own imports is missing
+            raise
+        for folder in _search_dirs():
+            if (folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file():
+                if str(folder) not in sys.path:
+                    sys.path.append(str(folder))
+                importlib.invalidate_caches()
+                logger.info("Reward module %r imported from %s.", module_name, folder)
+                return importlib.import_module(module_name)
+        raise
+
+
 def _import_target(path: str, entry: Any) -> Any:
     """The object at ``module:attr`` (or ``module.attr``), with config errors on failure."""
     if ":" in path:
@@ -127,11 +173,13 @@ def _import_target(path: str, entry: Any) -> Any:
             f"Reward {_describe_entry(entry)} is not a valid dotted path. Write it as 'package.module:function'."
         )
     try:
-        module = importlib.import_module(module_name)
+        module = _import_module(module_name)
     except ImportError as exc:
+        where = ", ".join(str(folder) for folder in _search_dirs())
         raise RewardConfigError(
             f"Reward {_describe_entry(entry)} names module {module_name!r}, which cannot be imported ({exc}). "
-            "Check the spelling and that the module is on PYTHONPATH or installed."
+            f"Check the spelling; a module file is found beside the recipe or in the working directory ({where}), "
+            "else it must be on PYTHONPATH or installed."
         ) from exc
     obj: Any = module
     for part in attr_path.split("."):
@@ -164,7 +212,26 @@ def _named_function(name: str, entry: Any) -> RewardFunc:
             f"Reward {_describe_entry(entry)} resolves to a {type(func).__name__}, which is not callable. "
             "Point it at a reward function or a reward object."
         )
+    if _looks_like_factory(func):
+        registered = [
+            n for n, f in FACTORIES.items() if f.target == name or f.target.replace(":", ".") == name
+        ]
+        also = f" (registered as {registered[0]!r})" if registered else ""
+        params = ", ".join(inspect.signature(func).parameters) or "none"
+        raise RewardConfigError(
+            f"Reward {_describe_entry(entry)} names {getattr(func, '__name__', name)!r}, whose parameters ({params}) "
+            "have no `completions`: this looks like a factory that builds a reward, not a reward. Use "
+            f"{{factory: {name}, <its options>}}{also}."
+        )
     return func
+
+
+def _looks_like_factory(func: Any) -> bool:
+    """A plain function that takes neither ``completions`` nor ``**kwargs`` cannot be called by TRL as a reward."""
+    if not inspect.isfunction(func):
+        return False  # a reward object, a class or a builtin: not judged by its signature
+    parameters = inspect.signature(func).parameters.values()
+    return not any(p.kind == p.VAR_KEYWORD or p.name == "completions" for p in parameters)
 
 
 _SIMPLE_TYPES: dict[str, tuple[type, ...]] = {
@@ -198,12 +265,19 @@ def _build(options: Mapping[str, Any], entry: Any) -> RewardFunc:
     """Call the factory named by ``options['factory']`` with the other options."""
     options = dict(options)
     factory_name = options.pop("factory")
-    if not isinstance(factory_name, str) or factory_name not in FACTORIES:
+    by_path = isinstance(factory_name, str) and (":" in factory_name or "." in factory_name)
+    if not by_path and (not isinstance(factory_name, str) or factory_name not in FACTORIES):
         raise RewardConfigError(
             f"Unknown reward factory {factory_name!r} in {_describe_entry(entry)}."
-            f"{_nearest(str(factory_name), FACTORIES)} Use one of: {', '.join(FACTORIES)}."
+            f"{_nearest(str(factory_name), FACTORIES)} Use one of: {', '.join(FACTORIES)}, or a "
+            "'module:make_reward' path."
         )
-    builder = _import_target(FACTORIES[factory_name].target, entry)
+    builder = _import_target(factory_name if by_path else FACTORIES[factory_name].target, entry)
+    if not callable(builder):
+        raise RewardConfigError(
+            f"Reward factory {factory_name!r} in {_describe_entry(entry)} is a {type(builder).__name__}, which is "
+            "not callable. Point it at a function that builds the reward."
+        )
     parameters = {
         name: p
         for name, p in inspect.signature(builder).parameters.items()
