@@ -14,6 +14,7 @@ from typing import Literal
 from trl import GRPOConfig, GRPOTrainer
 
 from dna_factory.agents.config import AgentArguments, agent_trainer_kwargs, validate_agent
+from dna_factory.alarms import LearningAlarms
 from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
 from dna_factory.prompts import warn_unasked_answer_formats
@@ -44,6 +45,13 @@ class GRPOStageArguments:
     )
     dynamic_sampling_max_rounds: int = field(
         default=4, metadata={"help": "resample: most extra generation rounds per batch before falling back."}
+    )
+    alarm_after_steps: int = field(
+        default=20,
+        metadata={
+            "help": "Warn, naming the likely cause, when every reward is None or every group is dead for this "
+            "many consecutive steps (docs/grpo.md); 0 turns the alarms off."
+        },
     )
 
 
@@ -137,8 +145,14 @@ def build_trainer(ctx: StageContext) -> GRPOTrainer:
         kwargs.update(
             dynamic_sampling=stage_args.dynamic_sampling, max_rounds=stage_args.dynamic_sampling_max_rounds
         )
+    ctx.callbacks.append(learning_alarms(stage_args, funcs))
     # After agent_trainer_kwargs: it may replace ctx's datasets.
     return trainer_cls(reward_funcs=funcs, **ctx.trainer_kwargs(quantization=False), **kwargs)
+
+
+def learning_alarms(stage_args: GRPOStageArguments, funcs: list) -> LearningAlarms:
+    names = [getattr(f, "__name__", None) or type(f).__name__ for f in funcs]
+    return LearningAlarms(stage_args.alarm_after_steps, names)
 
 
 STAGE = Stage(

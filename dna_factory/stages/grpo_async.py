@@ -27,7 +27,7 @@ from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError, DnaServiceError
 from dna_factory.prompts import validate_prompt_settings
 from dna_factory.stages.base import Stage, StageContext
-from dna_factory.stages.grpo import GRPOStageArguments, validate_rewards
+from dna_factory.stages.grpo import GRPOStageArguments, learning_alarms, validate_rewards
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +146,7 @@ def build_trainer(ctx: StageContext):
     stream = prompt_stream(
         train_dataset, max_model_len=max_model_len, max_completion_length=args.max_completion_length
     )
+    ctx.callbacks.append(learning_alarms(stage_args, funcs))
     return DnaAsyncGRPOTrainer(
         model=ctx.model_args.model_name_or_path,
         reward_funcs=funcs,
