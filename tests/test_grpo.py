@@ -8,7 +8,7 @@ import pytest
 
 from dna_factory.errors import DnaConfigError
 from dna_factory.runner import prepare
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 
 RECIPE = "configs/GRPO/tiny-cpu.yaml"
 
@@ -20,6 +20,25 @@ def test_grpo_tiny_recipe_trains_with_string_match(tmp_path, tiny_model):
     state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
     logs = [h for h in state["log_history"] if "reward" in h]
     assert len(logs) == 3 and all("rewards/string_match_last_number/mean" in h for h in logs)
+
+
+def test_log_completions_appends_every_logged_step_to_completions_jsonl(tmp_path, tiny_model):
+    """#19 item 8: the prompts, completions and rewards of each logging step, as JSON lines in the output dir."""
+    out = tmp_path / "grpo"
+    proc = run_cli(
+        "grpo.py", "--config", RECIPE, "--max_steps", "2", "--logging_steps", "1", "--log_completions", "true",
+        "--output_dir", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in rows}) == [1, 2], rows[:2]
+    assert len(rows) == 2 * 8  # per_device_train_batch_size 8: one generation batch per step
+    arith = [json.loads(line) for line in (REPO / "data/tiny/arith_prompts.jsonl").read_text().splitlines()]
+    questions = {row["prompt"][-1]["content"] for row in arith}
+    for row in rows:
+        assert row["prompt"][-1]["content"] in questions, row["prompt"]
+        assert isinstance(row["completion"], list) and row["completion"][-1]["role"] == "assistant"
+        assert row["string_match_last_number"] in (0.0, 1.0) and "advantage" in row
 
 
 def test_string_match_and_judge_rewards_from_yaml_pass_dry_run(tiny_model):
