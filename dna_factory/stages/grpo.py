@@ -15,6 +15,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from dna_factory.agents.config import AgentArguments, agent_trainer_kwargs, validate_agent
 from dna_factory.alarms import LearningAlarms
+from dna_factory.completions_log import CompletionsLog
 from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
 from dna_factory.prompts import warn_unasked_answer_formats
@@ -146,6 +147,8 @@ def build_trainer(ctx: StageContext) -> GRPOTrainer:
             dynamic_sampling=stage_args.dynamic_sampling, max_rounds=stage_args.dynamic_sampling_max_rounds
         )
     ctx.callbacks.append(learning_alarms(stage_args, funcs))
+    if ctx.training_args.log_completions:
+        ctx.callbacks.append(CompletionsLog(ctx.training_args.output_dir))
     # After agent_trainer_kwargs: it may replace ctx's datasets.
     return trainer_cls(reward_funcs=funcs, **ctx.trainer_kwargs(quantization=False), **kwargs)
 

@@ -1,0 +1,51 @@
+"""``completions.jsonl``: the prompts, completions, rewards and advantages of every logged GRPO step.
+
+TRL's GRPOTrainer, with ``log_completions: true``, writes each logging step's samples to
+``<output_dir>/completions/completions_<step>.parquet`` (and prints a sample table). This callback
+appends each such file, as JSON lines, to ``<output_dir>/completions.jsonl`` — one line per sample:
+``step``, ``prompt``, ``completion``, one column per reward, ``advantage`` — readable with ``jq`` or
+``pandas.read_json(lines=True)``. TRL writes a step's file after the callbacks' ``on_log``, so a file
+is appended at the next log or at the end of training; ``completions/mirrored.txt`` names the files
+already appended, so a resumed run appends each once.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+FILE_NAME = "completions.jsonl"
+
+
+class CompletionsLog(TrainerCallback):
+    """Appends TRL's per-step completion tables to ``completions.jsonl`` (main process only)."""
+
+    def __init__(self, output_dir: str):
+        self.out = Path(output_dir)
+        self.folder = self.out / "completions"
+        self.ledger = self.folder / "mirrored.txt"
+
+    def _append_new(self) -> None:
+        import pandas as pd
+
+        done = set(self.ledger.read_text().split()) if self.ledger.is_file() else set()
+        for table in sorted(self.folder.glob("completions_*.parquet")):
+            if table.name in done:
+                continue
+            lines = pd.read_parquet(table).to_json(orient="records", lines=True, force_ascii=False)
+            with (self.out / FILE_NAME).open("a", encoding="utf-8") as sink:
+                sink.write(lines if lines.endswith("\n") else lines + "\n")
+            with self.ledger.open("a", encoding="utf-8") as ledger:
+                ledger.write(table.name + "\n")
+
+    def on_log(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self.folder.is_dir():
+            self._append_new()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self.folder.is_dir():
+            self._append_new()
