@@ -307,8 +307,8 @@ def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
 
 def preview_stages(rows: list[dict], n: int) -> None:
     """``--preview N`` per stage: each stage's first rows as its trainer will tokenize them (no model loads)."""
+    from dna_factory.loading import load_data
     from dna_factory.preview import preview
-    from dna_factory.runner import load_data
 
     for r in rows:
         entry_stage, cfg = r["prepared"]

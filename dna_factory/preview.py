@@ -174,7 +174,7 @@ def _short(value: Any, limit: int = 120) -> str:
 def preview(
     stage: Any, cfg: Any, tokenizer: Any, train_dataset: Any, n: int, out: TextIO | None = None
 ) -> int:
-    """Print N rendered rows per label of the loaded training mixture (``runner.load_data``); returns the count."""
+    """Print N rendered rows per label of the loaded training mixture (``loading.load_data``); returns the count."""
     out = out or sys.stdout
     tools = _agent_tools(stage, cfg, tokenizer, train_dataset)
     shown = 0

@@ -179,3 +179,16 @@ def test_debug_shows_the_traceback(tmp_path, tiny_model):
     proc = run_cli(*_sft_args(tmp_path, "--model_name_or_path", str(folder), "--debug"))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" in proc.stderr and proc.stderr.rstrip().splitlines()[-1].startswith("error: ")
+
+
+def test_an_unreachable_hub_fails_at_once_not_after_retries(tmp_path, tiny_model):
+    """Without HF_HUB_OFFLINE, an uncached hub id and an unreachable endpoint: one line, before any retry."""
+    proc = run_cli(
+        *_sft_args(tmp_path, "--model_name_or_path", "nobody-here/not-a-model-4b"),
+        HF_HUB_OFFLINE="",
+        HF_ENDPOINT="http://127.0.0.1:9",
+        timeout=120,
+    )
+    line = _one_error_line(proc)
+    assert "http://127.0.0.1:9 cannot be reached" in line and "HF_ENDPOINT" in line, line
+    assert "Retry" not in proc.stderr and not (tmp_path / "out").exists()

@@ -32,7 +32,8 @@ from dna_factory.distillation import (
     sampled_token_advantages,
 )
 from dna_factory.errors import DnaConfigError
-from dna_factory.runner import load_context, prepare
+from dna_factory.loading import load_context
+from dna_factory.runner import prepare
 from dna_factory.teacher_server import TeacherScoringError, TeacherServer
 from tests.conftest import REPO, run_cli
 from tests.teacher_fixtures import FaultyTeacher

@@ -13,7 +13,8 @@ import trl
 
 from dna_factory.dynamic_sampling import TRL_VERSION, DynamicSamplingGRPOTrainer
 from dna_factory.errors import DnaConfigError
-from dna_factory.runner import load_context, prepare
+from dna_factory.loading import load_context
+from dna_factory.runner import prepare
 from tests.conftest import run_cli
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from dna_factory.errors import DnaConfigError
-from dna_factory.runner import load_context, prepare
+from dna_factory.loading import load_context
+from dna_factory.runner import prepare
 
 QUESTION = "Natalia sold clips to 48 of her friends in April. How many clips did she sell?"
 

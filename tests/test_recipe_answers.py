@@ -130,7 +130,8 @@ def twin_recipe(recipe_path: Path, out_dir: Path) -> tuple[Path, dict[str, list]
 def check_recipe(recipe_path: Path, out_dir: Path) -> Report:
     """Run the gold-answer check on one recipe file (see the module docstring)."""
     from dna_factory.data import load_mixture, parse_specs
-    from dna_factory.runner import prepare, prompt_rule
+    from dna_factory.loading import prompt_rule
+    from dna_factory.runner import prepare
     from rewards.registry import resolve_rewards
 
     twin, gold = twin_recipe(recipe_path, out_dir)
@@ -215,7 +216,8 @@ def test_check_fails_for_a_recipe_whose_prompt_asks_boxed_while_its_extractor_re
 
 def test_shipped_distillation_recipes_ask_for_the_answer_form_of_the_rl_that_follows(tmp_path, tiny_model):
     from dna_factory.data import load_mixture, parse_specs
-    from dna_factory.runner import prepare, prompt_rule
+    from dna_factory.loading import prompt_rule
+    from dna_factory.runner import prepare
 
     for recipe in DISTILL_RECIPES:
         twin, _ = twin_recipe(recipe, tmp_path)

@@ -1,0 +1,178 @@
+"""Loading a run's parts, in order: the datasets (checked row by row), the tokenizer, the model settings.
+
+The model itself is loaded by TRL inside the trainer; :func:`loading` turns the errors a user causes
+there (no such hub id, no network and no cached copy, a folder that is not a model) into one
+``error:`` line. :func:`check_hub_model` fails in seconds where ``from_pretrained`` would retry for
+about a minute: a hub id that is neither cached nor reachable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from urllib.parse import urlparse
+
+from dna_factory.checkpoint_eval import checkpoint_eval_callbacks
+from dna_factory.config import ResolvedConfig, RunArguments
+from dna_factory.data import looks_local
+from dna_factory.errors import DnaConfigError
+from dna_factory.prompts import PromptArguments, PromptRule, local_chat_template, resolve_prompt_format
+from dna_factory.stages import Stage, StageContext
+
+logger = logging.getLogger(__name__)
+
+
+def check_hub_model(model: str, revision: str | None = None, timeout: float = 5.0) -> None:
+    """A hub id that is not in the local cache needs the Hub (or ``HF_ENDPOINT``): fail at once when it is not
+    reachable, instead of after ``from_pretrained``'s retries. A local path, or a cached id, passes untouched."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if looks_local(model) or os.path.isdir(model):
+        return
+    if isinstance(try_to_load_from_cache(model, "config.json", revision=revision), str):
+        return
+    endpoint = constants.ENDPOINT
+    if constants.HF_HUB_OFFLINE:
+        problem = "HF_HUB_OFFLINE is set"
+    else:
+        url = urlparse(endpoint)
+        try:
+            socket.create_connection(
+                (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout
+            ).close()
+            return
+        except OSError as exc:
+            problem = f"{endpoint} cannot be reached ({exc})"
+    raise DnaConfigError(
+        f"Model '{model}' is not a local folder and not in the Hugging Face cache, and {problem}. Download it where "
+        f"the Hub is reachable (huggingface-cli download {model}) and copy the cache here, set HF_ENDPOINT to a "
+        "mirror, or point model_name_or_path at a local folder."
+    )
+
+
+def load_tokenizer(model_args, training_args):
+    from transformers import AutoTokenizer
+
+    with loading("the tokenizer", model_args.model_name_or_path):
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_args.model_name_or_path,
+            revision=model_args.model_revision,
+            trust_remote_code=getattr(training_args, "trust_remote_code", False),
+        )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+@contextlib.contextmanager
+def loading(what: str, model: str):
+    """Turn the errors a user causes while a model's files load (no such hub id, offline without a cached copy,
+    a folder that is not a model, a gated repo) into one DnaConfigError line; ``--debug`` shows the cause."""
+    try:
+        yield
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, DnaConfigError):
+            raise
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        offline = (
+            " (HF_HUB_OFFLINE is set: download it first, or point at a local folder)"
+            if os.environ.get("HF_HUB_OFFLINE")
+            else ""
+        )
+        raise DnaConfigError(
+            f"Could not load {what} of '{model}'{offline}: {first[:300]} Check model_name_or_path: a local folder "
+            "saved by save_pretrained, or a hub id this machine can download or has cached."
+        ) from exc
+
+
+def model_init_kwargs(model_args, training_args) -> dict:
+    """What TRL passes to ``from_pretrained`` (TRL loads the model; we do not re-implement it)."""
+    kwargs = dict(
+        revision=model_args.model_revision,
+        trust_remote_code=getattr(training_args, "trust_remote_code", False),
+        attn_implementation=model_args.attn_implementation,
+        dtype=model_args.dtype,
+    )
+    kwargs.update(getattr(training_args, "model_init_kwargs", None) or {})
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def prompt_rule(cfg: ResolvedConfig, tokenizer=None) -> PromptRule:
+    """How this run renders prompts (docs/datasets.md): chat or text, and the system turn."""
+    args = cfg.of(PromptArguments)
+    model = cfg.get("model_name_or_path")
+    fmt = resolve_prompt_format(args.prompt_format, model, tokenizer)
+    system_prompt = args.system_prompt or cfg.get("agent_system_prompt")
+    if fmt == "text" and system_prompt:  # a hub model's template is known only once its tokenizer loads
+        raise DnaConfigError(
+            f"A system prompt is set but the tokenizer of {model} has no chat template (or prompt_format is text), "
+            "so there is no system turn to put it in. Remove it, or put the instruction into the prompts "
+            "(a dataset's prompt_template)."
+        )
+    rule = PromptRule(chat=fmt == "chat", system_prompt=system_prompt if fmt == "chat" else None)
+    logger.info(
+        "Prompts: %s%s.",
+        "chat template (string prompts become a user turn)" if rule.chat else "raw text",
+        ", with a system turn" if rule.system_prompt else "",
+    )
+    return rule
+
+
+def load_data(stage: Stage, cfg: ResolvedConfig):
+    """The tokenizer and the checked, prompt-rendered train and eval mixtures (no model): ``(tok, train, eval)``.
+
+    Rows are checked before the tokenizer loads when the model is a local folder (its chat template
+    is read from the files); a hub id's tokenizer loads first, since it decides chat or text.
+    """
+    from trl import ModelConfig
+
+    from dna_factory.data import load_mixture, parse_specs
+
+    training_args = cfg.of(stage.config_class)
+    model_args = cfg.of(ModelConfig)
+    run_args = cfg.of(RunArguments)
+    tokenizer = None
+    check_hub_model(model_args.model_name_or_path, model_args.model_revision)
+    if local_chat_template(model_args.model_name_or_path) is None:
+        tokenizer = load_tokenizer(model_args, training_args)
+    rule = prompt_rule(cfg, tokenizer)
+    with training_args.main_process_first(desc="dataset loading"):
+        train_dataset = load_mixture(
+            parse_specs(run_args.datasets), stage.data_format, seed=training_args.seed, prompt_rule=rule
+        )
+        eval_dataset = None
+        if run_args.eval_datasets:
+            eval_dataset = load_mixture(
+                parse_specs(run_args.eval_datasets, "eval_datasets"),
+                stage.data_format,
+                seed=training_args.seed,
+                prompt_rule=rule,
+            )
+    logger.info("Training mixture: %d rows, columns %s", len(train_dataset), train_dataset.column_names)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(model_args, training_args)
+    return tokenizer, train_dataset, eval_dataset
+
+
+def load_context(stage: Stage, cfg: ResolvedConfig) -> StageContext:
+    """Datasets (checked row by row), tokenizer and model settings: everything a trainer factory needs."""
+    from trl import ModelConfig, get_peft_config, get_quantization_config
+
+    training_args = cfg.of(stage.config_class)
+    model_args = cfg.of(ModelConfig)
+    tokenizer, train_dataset, eval_dataset = load_data(stage, cfg)
+    training_args.model_init_kwargs = model_init_kwargs(model_args, training_args)
+    return StageContext(
+        config=cfg,
+        training_args=training_args,
+        model_args=model_args,
+        run_args=cfg.of(RunArguments),
+        tokenizer=tokenizer,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        peft_config=get_peft_config(model_args),
+        quantization_config=get_quantization_config(model_args),
+        callbacks=checkpoint_eval_callbacks(cfg, training_args, model_args),
+    )
