@@ -335,7 +335,8 @@ def unasked_answer_formats(cfg: Any) -> list[str]:
     reward stays near 0. Datasets the reward cannot score (another ``only_label``, no answer
     column) are not counted. Cheap: reads at most a few rows per local JSON/JSONL/Parquet file.
     """
-    from dna_factory.data import parse_specs, peek_columns, peek_rows
+    from dna_factory.data import parse_specs
+    from dna_factory.data_files import peek_columns, peek_rows
     from rewards.verifiable import ANSWER_MARKERS
 
     try:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from dna_factory.checkpoint_eval import validate_checkpoint_eval
 from dna_factory.config import ResolvedConfig
-from dna_factory.data import SOURCE_LABEL, check_format_columns, looks_local, parse_specs, peek_columns
+from dna_factory.data import SOURCE_LABEL, check_format_columns, looks_local, parse_specs
+from dna_factory.data_files import peek_columns
 from dna_factory.errors import DnaConfigError
 from dna_factory.prompts import validate_prompt_settings
 

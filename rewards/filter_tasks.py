@@ -142,7 +142,8 @@ def validate(cfg: FilterTasksConfig) -> tuple[list, list, list]:
     Raises:
         DnaConfigError: "what is wrong. what to do." for the first problem found.
     """
-    from dna_factory.data import looks_local, parse_specs, peek_columns
+    from dna_factory.data import looks_local, parse_specs
+    from dna_factory.data_files import peek_columns
     from rewards.learnability import CLASSES
     from rewards.registry import check_reward_columns, resolve_rewards
 

@@ -152,7 +152,7 @@ def test_columns_mapping_renames(write_jsonl):
 
 def test_a_malformed_jsonl_line_is_named_by_file_and_line_at_dry_run_and_at_load(tmp_path):
     """#19: the dry run read only the first line; the load said 'DatasetGenerationError' without a line."""
-    from dna_factory.data import peek_columns
+    from dna_factory.data_files import peek_columns
 
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "a", "solution": "1"}\n\n{"prompt": "b", "solution": \n{"prompt": "c"}\n')

@@ -45,7 +45,8 @@ def test_columns_select_nested_fields_by_dotted_path(write_jsonl):
 
 
 def test_a_missing_nested_key_fails_the_dry_run_naming_the_dataset_and_the_keys(write_jsonl):
-    from dna_factory.data import check_format_columns, peek_columns
+    from dna_factory.data import check_format_columns
+    from dna_factory.data_files import peek_columns
 
     path = write_jsonl("nested.jsonl", NESTED)
     (spec,) = parse_specs([{"path": str(path), "label": "gsm", "columns": {"doc.qestion": "prompt"}}])

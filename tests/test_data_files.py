@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dna_factory.data import check_format_columns, load_mixture, parse_specs, peek_columns
+from dna_factory.data import check_format_columns, load_mixture, parse_specs
+from dna_factory.data_files import peek_columns
 from dna_factory.errors import DnaConfigError
 from dna_factory.runner import main
 
