@@ -648,3 +648,48 @@ def test_rollout_child_resubmits_a_completion_the_server_aborted(vllm_server):
     assert [c["finish_reason"] for c in choices] == ["length"] * n
     assert [len(c["token_ids"]) for c in choices] == [length] * n
     assert counters.get("rollout/aborted_total", 0) >= 1, "no request was aborted: the test proves nothing"
+
+
+# ----------------------------------------------------------------------------------------- no hang, ever (#19 item 3)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_dead_rollout_child_stops_the_trainer_with_one_error_line(vllm_server, tiny_model, tmp_path):
+    """#19 item 3: the rollout child killed mid-run (after checkpoint-1) ends the trainer, non-zero, within a bound,
+    with one error line naming the child and its death. TRL 1.16 alone notices only when the heartbeat is stale
+    (heartbeat_stale_after_s, 300 s) and then its stop() can block for ever on the dead child's Event."""
+    url = vllm_server.base_url.removesuffix("/v1")
+    out, log = tmp_path / "run", tmp_path / "run.log"
+    args = ["grpo.py", "--config", ASYNC, "--vllm_server_base_url", url, "--output_dir", str(out),
+            "--save_steps", "1", "--max_steps", "100"]  # fmt: skip
+    try:
+        with open(log, "w") as stderr:  # a file, not a pipe
+            child = subprocess.Popen(
+                [sys.executable, *args], cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"), start_new_session=True,
+                stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+            )  # fmt: skip
+        _wait_for_checkpoint(child, out / "checkpoint-1", log)
+        found = re.search(r"spawned child pid=(\d+)", log.read_text())
+        assert found, log.read_text()[-3000:]
+        rollout_pid = int(found.group(1))
+        before = len(log.read_text())
+        os.kill(rollout_pid, signal.SIGKILL)
+        try:
+            code = child.wait(timeout=120)  # a failure guard, not a speed target
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"the trainer still runs 120 s after its rollout child died: {log.read_text()[-3000:]}"
+            )
+        after = log.read_text()[before:]
+        assert code != 0, after[-3000:]
+        last = after.strip().splitlines()[-1]
+        assert last.startswith("error: ") and f"pid {rollout_pid}" in last and "SIGKILL" in last, after[
+            -3000:
+        ]
+        assert "Traceback" not in after, after[-3000:]
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        _restore_server_weights(vllm_server, tiny_model)
