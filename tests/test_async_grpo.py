@@ -90,6 +90,9 @@ def test_trl_rollout_worker_watchdog_canary():
     assert "self._stop_event_mp.set()" in inspect.getsource(worker.AsyncRolloutWorker.stop)
     assert "stop_event.wait()" in inspect.getsource(worker._spawn_stop_watcher)
     assert "is_alive" not in inspect.getsource(worker.AsyncRolloutWorker.check_health)
+    assert "AsyncRolloutWorker child exited during init (exitcode={exit_code})" in inspect.getsource(
+        worker.AsyncRolloutWorker.start
+    )
 
 
 LOOK_AHEAD = """
@@ -730,6 +733,54 @@ def test_a_dead_rollout_child_stops_the_trainer_with_one_error_line(vllm_server,
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
         _restore_server_weights(vllm_server, tiny_model)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_rollout_child_killed_during_its_start_up_is_one_error_line(vllm_server, tiny_model, tmp_path):
+    """#19 item 3: TRL 1.16 reports a child that died before it was ready as a RuntimeError traceback (exit 1);
+    here it is one error line naming the death. The child needs tens of seconds to import torch, transformers,
+    TRL and vLLM, so it is killed right after it was spawned."""
+    url = vllm_server.base_url.removesuffix("/v1")
+    out, log = tmp_path / "run", tmp_path / "run.log"
+    args = [
+        "grpo.py",
+        "--config",
+        ASYNC,
+        "--vllm_server_base_url",
+        url,
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "3",
+    ]
+    try:
+        with open(log, "w") as stderr:  # a file, not a pipe
+            child = subprocess.Popen(
+                [sys.executable, *args], cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"), start_new_session=True,
+                stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+            )  # fmt: skip
+        deadline = time.time() + 400
+        while not (found := re.search(r"spawned child pid=(\d+)", log.read_text())):
+            assert child.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        before = len(log.read_text())
+        os.kill(int(found.group(1)), signal.SIGKILL)
+        try:
+            code = child.wait(timeout=120)  # a failure guard, not a speed target
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"the trainer still runs 120 s after its rollout child died: {log.read_text()[-3000:]}"
+            )
+        after = log.read_text()[before:]
+        assert code == 2, after[-3000:]
+        last = after.strip().splitlines()[-1]
+        assert last.startswith("error: ") and "SIGKILL" in last and "did not start" in last, after[-3000:]
+        assert "Traceback" not in after, after[-3000:]
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
 
 
 class _TcpProxy:
