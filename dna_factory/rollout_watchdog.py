@@ -2,6 +2,7 @@
 
 TRL 1.16's ``AsyncRolloutWorker`` runs generation in a spawned child. Left alone:
 
+* a child that dies during its start-up is a ``RuntimeError`` traceback (here: one line);
 * a child that dies (out of memory, killed) is noticed only when its heartbeat is older than
   ``heartbeat_stale_after_s`` (default 300 s), as a ``RuntimeError`` with a traceback;
 * ``stop()`` then sets the stop ``multiprocessing.Event``, whose ``notify_all`` waits for every waiter
@@ -28,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import re
 import signal
 import sys
 import threading
@@ -77,7 +79,18 @@ class RolloutWatchdog:
         trl_start = worker.start
 
         def start() -> None:
-            trl_start()
+            try:
+                trl_start()
+            # TRL 1.16: "AsyncRolloutWorker child exited during init (exitcode=N). ..."
+            except RuntimeError as exc:
+                found = re.search(r"child exited during init \(exitcode=(-?\d+)\)", str(exc))
+                if found is None:
+                    raise
+                raise DnaServiceError(
+                    f"The async rollout worker's child process did not start: it ended during its start-up "
+                    f"({_how_it_ended(int(found.group(1)))}; out of memory, or killed?). Its traceback, if any, is in "
+                    "the log above; fix the cause and rerun."
+                ) from None
             threading.Thread(target=self._watch, name="dna-rollout-watchdog", daemon=True).start()
 
         worker.start = start
