@@ -20,7 +20,7 @@ from pathlib import Path
 
 from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError, DnaServiceError
-from dna_factory.services import server_root, wait_for_health
+from dna_factory.services import server_root, wait_for_services
 
 logger = logging.getLogger(__name__)
 
@@ -219,23 +219,16 @@ def validate_completion_length_against_server(cfg: ResolvedConfig) -> int | None
     return max_model_len
 
 
-def wait_for_server(cfg: ResolvedConfig, wait_s: float) -> None:
-    """Before data, tokenizer and model load: wait (bounded by ``wait_s``, the recipe's ``server_wait_s``) for the server.
+def wait_for_server(cfg: ResolvedConfig) -> None:
+    """Before data, tokenizer and model load: wait (each up to ``server_wait_s``) for the recipe's servers.
 
-    Then run the server checks of :func:`validate_completion_length_against_server` for real: a run
-    never starts generating against a server whose ``max_model_len`` it could not read, so the
-    over-long-prompt filter is never skipped.
+    :func:`dna_factory.services.wait_for_services` waits for the vLLM server (and a judge); then the server
+    checks of :func:`validate_completion_length_against_server` run for real: a run never starts generating
+    against a server whose ``max_model_len`` it could not read, so the over-long-prompt filter is never skipped.
     """
-    root = server_root(cfg.get("vllm_server_base_url") or "http://localhost:8000", "vllm_server_base_url")
-    wait_for_health(
-        root,
-        "vLLM server",
-        wait_s,
-        f"VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model {cfg.get('model_name_or_path')} "
-        "--max-model-len N; docs/async-grpo.md",
-        "server_wait_s",
-    )
+    wait_for_services(cfg)
     if validate_completion_length_against_server(cfg) is None:
+        root = server_root(cfg.get("vllm_server_base_url") or "http://localhost:8000", "vllm_server_base_url")
         raise DnaServiceError(
             f"The vLLM server at {root} answers /health but not /v1/models; is it a vLLM server?"
         )

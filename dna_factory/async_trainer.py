@@ -8,6 +8,7 @@ collator's ``groups_trained.update`` per micro-batch), the attributes ``_trained
 ``model_version``, ``rollout_worker._loop_kwargs`` and ``rollout_worker.start``, the worker's group
 numbering (0, 1, 2, ... from ``dataset_start_index``, wrapping round the dataset), accelerate's
 one-micro-batch look-ahead, and the module-level ``get_peak_flops_per_device`` (made CUDA-optional).
+The worker's ``check_health``/``stop`` are wrapped by ``dna_factory.rollout_watchdog`` (its own canary).
 
 Exact resume (S-ASYNC-6, fixed). TRL numbers prompt groups 0, 1, 2, ... from where its rollout
 worker starts; a worker started at ``dataset_start_index = m`` gives group ``g`` the row
@@ -179,6 +180,11 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
                 original_start()
 
             self.rollout_worker.start = start_with_resume_plan
+        if self.rollout_worker is not None and hasattr(self.rollout_worker, "_process"):
+            from dna_factory.rollout_watchdog import RolloutWatchdog
+
+            # a dead child, a dead server or a stuck stop() becomes one error line (docs/async-grpo.md)
+            self.watchdog = RolloutWatchdog(self.rollout_worker, grace_s=self.args.heartbeat_stale_after_s)
 
     # ------------------------------------------------------------------ bookkeeping
 

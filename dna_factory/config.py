@@ -72,6 +72,14 @@ class RunArguments:
     log_level_console: str = field(
         default="info", metadata={"help": "Level of the project's console logging: debug, info, warning."}
     )
+    server_wait_s: float = field(
+        default=900.0,
+        metadata={
+            "help": "How long a run waits for each external server it talks to (a vLLM server, the judge, the "
+            "teacher) to answer /health before it stops with an error (logged every 10 s); the data, tokenizer "
+            "and model load only after they answered. --dry_run probes them once and skips those that are down."
+        },
+    )
 
 
 @dataclass

@@ -4,12 +4,20 @@
 short per-request timeout until the service answers or the wait is over, logging how long it
 has waited, and :class:`BoundedAdapter` gives every request of a ``requests.Session`` a default
 timeout and ``urllib3``'s ``Retry`` (back-off, ``Retry-After``, transient statuses only).
+
+The services a recipe talks to are found in one place, :func:`recipe_services` (the vLLM server of
+sync GRPO's ``vllm_mode: server`` and of async GRPO, the judge of the judge reward, the distillation
+teacher). :func:`wait_for_services` (every stage's ``wait_for_services`` hook, before data, tokenizer
+and model load) waits up to ``server_wait_s`` for each; :func:`probe_services` (a validator) probes
+them once, fast, under ``--dry_run`` and says which it skipped.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
+from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import requests
@@ -85,7 +93,9 @@ def bound_session(
     session.mount("https://", adapter)
 
 
-def wait_for_health(root: str, what: str, wait_s: float, start_hint: str, setting: str) -> None:
+def wait_for_health(
+    root: str, what: str, wait_s: float, start_hint: str, setting: str, any_answer: bool = False
+) -> None:
     """Poll ``{root}/health`` until it answers 200, logging the wait; raise one clear error when ``wait_s`` passes.
 
     Args:
@@ -94,6 +104,7 @@ def wait_for_health(root: str, what: str, wait_s: float, start_hint: str, settin
         wait_s: the longest wait, seconds.
         start_hint: how to start the service, for the error message.
         setting: the recipe key that sets ``wait_s``, for the error message.
+        any_answer: any answer below 500 counts as up (a hosted OpenAI-compatible API may have no ``/health``).
 
     Raises:
         DnaServiceError: naming the URL, the wait and how to start the service.
@@ -105,7 +116,7 @@ def wait_for_health(root: str, what: str, wait_s: float, start_hint: str, settin
         waited = time.monotonic() - started
         try:
             response = requests.get(f"{root}/health", timeout=max(0.5, min(5.0, wait_s - waited)))
-            if response.status_code == 200:
+            if response.status_code == 200 or (any_answer and response.status_code < 500):
                 if logged >= 0:
                     logger.info("The %s at %s answered after %.0f s.", what, root, waited)
                 return
@@ -124,3 +135,107 @@ def wait_for_health(root: str, what: str, wait_s: float, start_hint: str, settin
             )
             logged = waited
         time.sleep(min(1.0, max(0.0, wait_s - waited)))
+
+
+WAIT_SETTING = "server_wait_s"
+PROBE_TIMEOUT_S = 2.0
+"""``--dry_run`` tries each service once, this long at most: the check is best effort and fast."""
+
+
+@dataclass(frozen=True)
+class ExternalService:
+    """A server the run talks to: how messages name it, its ``http://host:port``, and how to start it."""
+
+    what: str
+    root: str
+    start_hint: str
+    any_answer: bool = False
+
+
+def _port(root: str, default: str) -> str:
+    return str(urlparse(root).port or default)
+
+
+def recipe_services(cfg) -> list[ExternalService]:
+    """Every external server the resolved config ``cfg`` will talk to, from its keys (one place for all stages)."""
+    services = []
+    model = cfg.get("model_name_or_path")
+    if cfg.get("grpo_execution") == "async":
+        root = server_root(cfg.get("vllm_server_base_url") or "http://localhost:8000", "vllm_server_base_url")
+        hint = (
+            f"VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model {model} "
+            f"--port {_port(root, '8000')} --max-model-len N; docs/async-grpo.md"
+        )
+        services.append(ExternalService("vLLM server", root, hint))
+    elif (
+        cfg.get("use_vllm") and cfg.get("vllm_mode") == "server"
+    ):  # TRL's VLLMClient: base_url, else host:port
+        url = cfg.get("vllm_server_base_url")
+        url = (
+            url or f"http://{cfg.get('vllm_server_host') or '0.0.0.0'}:{cfg.get('vllm_server_port') or 8000}"
+        )
+        root = server_root(url, "vllm_server_base_url")
+        hint = f"trl vllm-serve --model {model} --port {_port(root, '8000')} on its own GPUs; docs/grpo.md"
+        services.append(ExternalService("vLLM server", root, hint))
+    if any(
+        entry == "judge" or (isinstance(entry, dict) and entry.get("factory") == "judge")
+        for entry in cfg.get("reward_funcs") or []
+    ):
+        from rewards.generative import DEFAULT_BASE_URL
+
+        root = server_root(os.environ.get("JUDGE_BASE_URL") or DEFAULT_BASE_URL, "JUDGE_BASE_URL")
+        hint = (
+            f"python -m vllm.entrypoints.openai.api_server --model JUDGE --port {_port(root, '8001')}, "
+            "or point JUDGE_BASE_URL at it; docs/rewards.md"
+        )
+        services.append(ExternalService("judge server", root, hint, any_answer=True))
+    if cfg.get("distill_mode") == "server_teacher" and cfg.get("teacher_server_url"):
+        root = server_root(cfg.get("teacher_server_url"), "teacher_server_url")
+        hint = (
+            f"python -m vllm.entrypoints.openai.api_server --model {cfg.get('teacher_model_name_or_path')} "
+            f"--port {_port(root, '8000')}; docs/distillation.md"
+        )
+        services.append(ExternalService("teacher server", root, hint))
+    return services
+
+
+def wait_for_services(cfg) -> None:
+    """Wait up to ``server_wait_s`` for each service of :func:`recipe_services` (logged); one error if one stays down.
+
+    Raises:
+        DnaServiceError: naming the service's URL, the wait and how to start it.
+    """
+    wait_s = float(cfg.get(WAIT_SETTING) or 0)
+    for service in recipe_services(cfg):
+        wait_for_health(
+            service.root,
+            service.what,
+            wait_s,
+            service.start_hint,
+            WAIT_SETTING,
+            any_answer=service.any_answer,
+        )
+
+
+def probe_services(cfg) -> None:
+    """Under ``--dry_run`` only: try each service once (best effort, fast); log which answered and which is skipped."""
+    if not cfg.get("dry_run"):
+        return  # a real run waits for them (wait_for_services) before anything loads
+    for service in recipe_services(cfg):
+        try:
+            response = requests.get(f"{service.root}/health", timeout=PROBE_TIMEOUT_S)
+            status = response.status_code
+            if status == 200 or (service.any_answer and status < 500):
+                logger.info("The %s at %s answers /health.", service.what, service.root)
+                continue
+            reason = f"/health: HTTP {status}"
+        except requests.RequestException as exc:
+            reason = type(exc).__name__
+        logger.warning(
+            "skipped: %s not reachable (%s); the %s is not checked. A run waits up to %s for it (start it with %s).",
+            service.root,
+            reason,
+            service.what,
+            WAIT_SETTING,
+            service.start_hint,
+        )

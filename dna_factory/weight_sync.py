@@ -43,6 +43,8 @@ from pathlib import Path
 
 import torch
 
+from dna_factory.errors import DnaServiceError
+
 logger = logging.getLogger(__name__)
 
 
@@ -88,7 +90,20 @@ class FileWeightTransfer:
                     f"The vLLM server at {self.server_url} has no {path} endpoint. Start it with "
                     "VLLM_SERVER_DEV_MODE=1 for weight_sync: file."
                 ) from None
+            if exc.code >= 500:
+                raise DnaServiceError(
+                    f"The vLLM server at {self.server_url} answered {path} with HTTP {exc.code} during a weight sync "
+                    "(its engine may have crashed: see the server's log). Restart it and rerun (the run resumes "
+                    "from its last checkpoint)."
+                ) from None
             raise
+        except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out: the server is gone
+            reason = getattr(exc, "reason", exc)
+            raise DnaServiceError(
+                f"The vLLM server at {self.server_url} did not answer {path} during a weight sync ({reason}; "
+                f"timeout {self.timeout_s:g} s). Is it still running? Restart it and rerun (the run resumes from "
+                "its last checkpoint)."
+            ) from None
 
     def init_weight_transfer(self) -> None:
         self.weights_dir.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -10,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -53,6 +55,44 @@ def test_trl_async_canary():
         inspect.signature(tree_attention).parameters
     )
     assert callable(TreeRow.pack)
+
+
+def test_trl_rollout_worker_watchdog_canary():
+    """The TRL 1.16.0 private API dna_factory/rollout_watchdog.py relies on, and the two defects it works around
+    (docs/async-grpo.md): stop() sets the Event a (possibly dead) child waits on; check_health never looks at the
+    child's liveness. When TRL fixes them, this fails: the watchdog's work-arounds can then go."""
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+    from trl.experimental.async_grpo import async_grpo_trainer as module
+    from trl.experimental.async_grpo import async_rollout_worker as worker
+
+    init = inspect.getsource(worker.AsyncRolloutWorker.__init__)
+    for name in ("self._process", "self._failed_event", "self._exception_info_queue", "self._loop_kwargs"):
+        assert name in init, name
+    assert "vllm_server_url=self.args.vllm_server_base_url" in inspect.getsource(
+        module.AsyncGRPOTrainer.__init__
+    )
+    assert "(type(e).__name__, str(e), traceback.format_exc())" in inspect.getsource(
+        worker._AsyncRolloutLoop.run
+    )
+    # TRL reads the worker's methods through the instance, so instance attributes replace them
+    assert "check_health_fn=self.rollout_worker.check_health" in inspect.getsource(
+        module.AsyncGRPOTrainer.get_train_dataloader
+    )
+    assert "self.check_health_fn(self.stale_after_s)" in inspect.getsource(
+        module.RolloutQueueDataset.__iter__
+    )
+    assert "self.rollout_worker.stop()" in inspect.getsource(module.AsyncGRPOTrainer._inner_training_loop)
+    assert "self._trainer.rollout_worker.start()" in inspect.getsource(
+        module._TrainBeginCallback.on_train_begin
+    )
+    assert AsyncGRPOConfig.__dataclass_fields__["heartbeat_stale_after_s"].default == 300.0
+    # the defects
+    assert "self._stop_event_mp.set()" in inspect.getsource(worker.AsyncRolloutWorker.stop)
+    assert "stop_event.wait()" in inspect.getsource(worker._spawn_stop_watcher)
+    assert "is_alive" not in inspect.getsource(worker.AsyncRolloutWorker.check_health)
+    assert "AsyncRolloutWorker child exited during init (exitcode={exit_code})" in inspect.getsource(
+        worker.AsyncRolloutWorker.start
+    )
 
 
 LOOK_AHEAD = """
@@ -648,3 +688,180 @@ def test_rollout_child_resubmits_a_completion_the_server_aborted(vllm_server):
     assert [c["finish_reason"] for c in choices] == ["length"] * n
     assert [len(c["token_ids"]) for c in choices] == [length] * n
     assert counters.get("rollout/aborted_total", 0) >= 1, "no request was aborted: the test proves nothing"
+
+
+# ----------------------------------------------------------------------------------------- no hang, ever (#19 item 3)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_dead_rollout_child_stops_the_trainer_with_one_error_line(vllm_server, tiny_model, tmp_path):
+    """#19 item 3: the rollout child killed mid-run (after checkpoint-1) ends the trainer, non-zero, within a bound,
+    with one error line naming the child and its death. TRL 1.16 alone notices only when the heartbeat is stale
+    (heartbeat_stale_after_s, 300 s) and then its stop() can block for ever on the dead child's Event."""
+    url = vllm_server.base_url.removesuffix("/v1")
+    out, log = tmp_path / "run", tmp_path / "run.log"
+    args = ["grpo.py", "--config", ASYNC, "--vllm_server_base_url", url, "--output_dir", str(out),
+            "--save_steps", "1", "--max_steps", "100"]  # fmt: skip
+    try:
+        with open(log, "w") as stderr:  # a file, not a pipe
+            child = subprocess.Popen(
+                [sys.executable, *args], cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"), start_new_session=True,
+                stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+            )  # fmt: skip
+        _wait_for_checkpoint(child, out / "checkpoint-1", log)
+        found = re.search(r"spawned child pid=(\d+)", log.read_text())
+        assert found, log.read_text()[-3000:]
+        rollout_pid = int(found.group(1))
+        before = len(log.read_text())
+        os.kill(rollout_pid, signal.SIGKILL)
+        try:
+            code = child.wait(timeout=120)  # a failure guard, not a speed target
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"the trainer still runs 120 s after its rollout child died: {log.read_text()[-3000:]}"
+            )
+        after = log.read_text()[before:]
+        assert code != 0, after[-3000:]
+        last = after.strip().splitlines()[-1]
+        assert last.startswith("error: ") and f"pid {rollout_pid}" in last and "SIGKILL" in last, after[
+            -3000:
+        ]
+        assert "Traceback" not in after, after[-3000:]
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        _restore_server_weights(vllm_server, tiny_model)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_rollout_child_killed_during_its_start_up_is_one_error_line(vllm_server, tiny_model, tmp_path):
+    """#19 item 3: TRL 1.16 reports a child that died before it was ready as a RuntimeError traceback (exit 1);
+    here it is one error line naming the death. The child needs tens of seconds to import torch, transformers,
+    TRL and vLLM, so it is killed right after it was spawned."""
+    url = vllm_server.base_url.removesuffix("/v1")
+    out, log = tmp_path / "run", tmp_path / "run.log"
+    args = [
+        "grpo.py",
+        "--config",
+        ASYNC,
+        "--vllm_server_base_url",
+        url,
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "3",
+    ]
+    try:
+        with open(log, "w") as stderr:  # a file, not a pipe
+            child = subprocess.Popen(
+                [sys.executable, *args], cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"), start_new_session=True,
+                stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+            )  # fmt: skip
+        deadline = time.time() + 400
+        while not (found := re.search(r"spawned child pid=(\d+)", log.read_text())):
+            assert child.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        before = len(log.read_text())
+        os.kill(int(found.group(1)), signal.SIGKILL)
+        try:
+            code = child.wait(timeout=120)  # a failure guard, not a speed target
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"the trainer still runs 120 s after its rollout child died: {log.read_text()[-3000:]}"
+            )
+        after = log.read_text()[before:]
+        assert code == 2, after[-3000:]
+        last = after.strip().splitlines()[-1]
+        assert last.startswith("error: ") and "SIGKILL" in last and "did not start" in last, after[-3000:]
+        assert "Traceback" not in after, after[-3000:]
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+
+
+class _TcpProxy:
+    """A real TCP relay in front of the shared server; ``down()`` closes it like a crashed server (refused)."""
+
+    def __init__(self, upstream_port: int):
+        import socket
+
+        self.socket = socket
+        self.upstream_port = upstream_port
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.connections: list = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+                upstream = self.socket.create_connection(("127.0.0.1", self.upstream_port))
+            except OSError:
+                return
+            self.connections += [client, upstream]
+            for source, target in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, target), daemon=True).start()
+
+    def _pipe(self, source, target) -> None:
+        try:
+            while data := source.recv(65536):
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            self._close(source, target)
+
+    def _close(self, *sockets) -> None:
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(self.socket.SHUT_RDWR)
+            sock.close()
+
+    def down(self) -> None:
+        self._close(self.server, *self.connections)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_server_that_goes_down_mid_run_stops_the_trainer_with_one_error_line(
+    vllm_server, tiny_model, tmp_path
+):
+    """#19 item 3: the vLLM server gone mid-run (a crashed engine: every connection refused) ends the trainer,
+    non-zero, within a bound, with one error line naming the server. TRL 1.16 alone retries each request 30 times
+    (back-off up to 16 s) while the rollout child's heartbeat stays fresh."""
+    from urllib.parse import urlparse
+
+    proxy = _TcpProxy(urlparse(vllm_server.base_url).port)
+    url = f"http://127.0.0.1:{proxy.port}"
+    out, log = tmp_path / "run", tmp_path / "run.log"
+    args = ["grpo.py", "--config", ASYNC, "--vllm_server_base_url", url, "--output_dir", str(out),
+            "--save_steps", "1", "--max_steps", "100"]  # fmt: skip
+    try:
+        with open(log, "w") as stderr:  # a file, not a pipe
+            child = subprocess.Popen(
+                [sys.executable, *args], cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"), start_new_session=True,
+                stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+            )  # fmt: skip
+        _wait_for_checkpoint(child, out / "checkpoint-1", log)
+        before = len(log.read_text())
+        proxy.down()
+        try:
+            code = child.wait(timeout=180)  # a failure guard, not a speed target
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the trainer still runs 180 s after its server went down: {log.read_text()[-3000:]}")
+        after = log.read_text()[before:]
+        assert code != 0, after[-3000:]
+        last = after.strip().splitlines()[-1]
+        assert last.startswith(f"error: The vLLM server at {url}"), after[-3000:]
+        assert "Traceback" not in after, after[-3000:]
+    finally:
+        proxy.down()
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        _restore_server_weights(vllm_server, tiny_model)

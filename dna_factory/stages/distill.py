@@ -31,6 +31,7 @@ from trl import DistillationConfig
 from dna_factory.config import ResolvedConfig
 from dna_factory.data import looks_local
 from dna_factory.errors import DnaConfigError
+from dna_factory.services import probe_services, wait_for_services
 from dna_factory.stages.base import Stage, StageContext
 
 logger = logging.getLogger(__name__)
@@ -402,6 +403,14 @@ STAGE = Stage(
     config_class=DistillationConfig,
     data_format="prompt",
     build_trainer=build_trainer,
-    validators=(validate_mode, validate_sampling, validate_peft, validate_tokenizers, validate_vocab_sizes),
+    validators=(
+        validate_mode,
+        validate_sampling,
+        validate_peft,
+        validate_tokenizers,
+        validate_vocab_sizes,
+        probe_services,
+    ),
     extra_dataclasses=(DistillStageArguments,),
+    wait_for_services=wait_for_services,
 )

@@ -19,6 +19,7 @@ from dna_factory.completions_log import CompletionsLog
 from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
 from dna_factory.prompts import warn_unasked_answer_formats
+from dna_factory.services import probe_services, wait_for_services
 from dna_factory.stages.base import Stage, StageContext
 from dna_factory.validation import dataset_columns
 
@@ -164,8 +165,9 @@ STAGE = Stage(
     config_class=GRPOConfig,
     data_format="grpo",
     build_trainer=build_trainer,
-    validators=(validate_rewards, validate_dynamic_sampling, validate_agent),
+    validators=(validate_rewards, validate_dynamic_sampling, validate_agent, probe_services),
     extra_dataclasses=(GRPOStageArguments, AgentArguments),
     variant=select_variant,
     foreign_keys=async_only_keys,
+    wait_for_services=wait_for_services,
 )

@@ -26,6 +26,7 @@ from dna_factory.async_grpo import (
 from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError, DnaServiceError
 from dna_factory.prompts import validate_prompt_settings
+from dna_factory.services import probe_services
 from dna_factory.stages.base import Stage, StageContext
 from dna_factory.stages.grpo import GRPOStageArguments, learning_alarms, validate_rewards
 
@@ -60,13 +61,6 @@ class AsyncGRPOStageArguments(GRPOStageArguments):
         default=True,
         metadata={
             "help": "Drop prompts that cannot fit max_completion_length in the server's max_model_len."
-        },
-    )
-    server_wait_s: float = field(
-        default=900.0,
-        metadata={
-            "help": "How long a run waits for the vLLM server to answer /health before it stops with an error "
-            "(logged every 10 s); the data, tokenizer and model load only after it answered."
         },
     )
 
@@ -166,8 +160,8 @@ STAGE = Stage(
     config_class=AsyncGRPOConfig,
     data_format="grpo",
     build_trainer=build_trainer,
-    validators=(validate_async, validate_rewards),
+    validators=(validate_async, validate_rewards, probe_services),
     extra_dataclasses=(AsyncGRPOStageArguments,),
     foreign_keys=sync_only_keys,
-    wait_for_services=lambda cfg: wait_for_server(cfg, cfg.of(AsyncGRPOStageArguments).server_wait_s),
+    wait_for_services=wait_for_server,
 )
