@@ -28,7 +28,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dna_factory.config import ResolvedConfig, suggest
+from dna_factory.config import ResolvedConfig
+from dna_factory.config_types import suggest
 from dna_factory.errors import DnaConfigError
 from dna_factory.eval_harness import LOCAL_TASKS, resolve_tasks
 

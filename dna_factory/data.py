@@ -108,7 +108,7 @@ def parse_specs(raw: Any, key: str = "datasets") -> list[DatasetSpec]:
             raise DnaConfigError(f"{where} needs a `path:` (a local file/folder or a hub id).")
         unknown = set(entry) - SPEC_KEYS
         if unknown:
-            from dna_factory.config import suggest
+            from dna_factory.config_types import suggest
 
             bad = sorted(unknown)[0]
             raise DnaConfigError(

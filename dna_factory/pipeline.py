@@ -43,7 +43,8 @@ from typing import Any
 
 import yaml
 
-from dna_factory.config import load_yaml, suggest
+from dna_factory.config import load_yaml
+from dna_factory.config_types import suggest
 from dna_factory.errors import DnaConfigError
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,8 @@ import warnings
 from pathlib import Path
 
 from dna_factory.checkpoint_eval import CheckpointEvalArguments
-from dna_factory.config import ResolvedConfig, RunArguments, field_types, resolve
+from dna_factory.config import ResolvedConfig, RunArguments, resolve
+from dna_factory.config_types import field_types
 from dna_factory.errors import DnaConfigError
 from dna_factory.interrupt import GracefulStop, Interrupted
 from dna_factory.loading import load_context, load_data, loading
@@ -300,7 +301,7 @@ def _print_help(stage: Stage) -> None:
     """Every key of the stage, grouped by the dataclass that owns it, with its type, default and help."""
     import dataclasses
 
-    from dna_factory.config import _type_name, field_types
+    from dna_factory.config_types import field_types, type_name
 
     print(
         f"usage: python {stage.name}.py --config RECIPE.yaml [--key value ...] [--dry_run] [--preview [N]] "
@@ -325,7 +326,7 @@ def _print_help(stage: Stage) -> None:
             seen.add(f.name)
             default = f.default if f.default is not dataclasses.MISSING else None
             help_text = " ".join(str(f.metadata.get("help", "")).split())
-            print(f"  --{f.name} ({_type_name(types_by_key[f.name])}, default {default!r})")
+            print(f"  --{f.name} ({type_name(types_by_key[f.name])}, default {default!r})")
             if help_text:
                 print(f"      {help_text[:300]}")
         print()

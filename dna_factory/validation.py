@@ -71,7 +71,7 @@ def validate_only_labels(cfg: ResolvedConfig) -> None:
     for entry in cfg.get("reward_funcs") or []:
         wanted = entry.get("only_label") if isinstance(entry, dict) else None
         if wanted is not None and str(wanted) not in labels:
-            from dna_factory.config import suggest
+            from dna_factory.config_types import suggest
 
             shown = repr(entry) if len(repr(entry)) <= 120 else repr(entry)[:117] + "..."
             raise DnaConfigError(

@@ -198,7 +198,7 @@ def validate(cfg: FilterTasksConfig) -> tuple[list, list, list]:
         _fail(f"keep is empty, so kept.jsonl would be empty. List classes to keep: {', '.join(CLASSES)}.")
     for name in cfg.keep:
         if name.replace("-", "_") not in CLASSES:
-            from dna_factory.config import suggest
+            from dna_factory.config_types import suggest
 
             _fail(
                 f"keep lists {name!r}, which is not a class.{suggest(name, CLASSES)} Use: {', '.join(CLASSES)}."

@@ -1,0 +1,196 @@
+"""Config value types: each key's type from the dataclasses, lenient YAML-aware coercion, unknown-key errors.
+
+Used by :mod:`dna_factory.config` for every layer; :func:`suggest` is the one "did you mean" helper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import json
+import types
+import typing
+from typing import Any
+
+from dna_factory.errors import DnaConfigError
+
+
+def field_types(dataclass_types: typing.Iterable[type]) -> dict[str, Any]:
+    """Map every field name of the given dataclasses to its resolved type."""
+    result: dict[str, Any] = {}
+    for cls in dataclass_types:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.init:
+                result.setdefault(f.name, hints.get(f.name, Any))
+    return result
+
+
+def type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "null"
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(type_name(a) for a in typing.get_args(tp))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is not None:
+        args = ", ".join(type_name(a) for a in typing.get_args(tp))
+        return f"{origin.__name__}[{args}]" if args else origin.__name__
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "one of " + ", ".join(repr(m.value) for m in tp)
+    return getattr(tp, "__name__", str(tp))
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _yaml_bool_as_choice(value: bool, choices: typing.Iterable[Any]) -> Any:
+    """YAML 1.1 reads a bare off/on/no/yes as a boolean: `save_strategy: no` means the choice "no"."""
+    spellings = ("no", "off", "false") if not value else ("yes", "on", "true")
+    return next((s for s in spellings if s in set(choices)), value)
+
+
+def _coerce(value: Any, tp: Any, strict: bool) -> Any:
+    """Return ``value`` converted to ``tp`` or raise _Mismatch. ``strict`` disables lenient casts."""
+    if tp is Any or tp is object:
+        return value
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            if type(None) in args:
+                return None
+            raise _Mismatch
+        members = [a for a in args if a is not type(None)]
+        for pass_strict in (True, False):
+            for member in members:
+                try:
+                    return _coerce(value, member, pass_strict)
+                except _Mismatch:
+                    continue
+        raise _Mismatch
+    if value is None:
+        raise _Mismatch
+    if origin is typing.Literal:
+        if isinstance(value, bool) and not strict:
+            value = _yaml_bool_as_choice(value, args)
+        if value in args and not isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        if isinstance(value, bool) and not strict:
+            value = _yaml_bool_as_choice(value, [m.value for m in tp])
+        try:
+            return tp(value).value
+        except ValueError:
+            raise _Mismatch from None
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if (
+            not strict
+            and isinstance(value, str)
+            and value.lower() in ("true", "false", "yes", "no", "1", "0")
+        ):
+            return value.lower() in ("true", "yes", "1")
+        raise _Mismatch
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if not strict and isinstance(value, float) and value.is_integer():
+            return int(value)
+        if not strict and isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                raise _Mismatch from None
+        raise _Mismatch
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return value  # an int is a valid float; keeping it prints `save_steps: 20`, not 20.0
+        if not strict and isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise _Mismatch from None
+        raise _Mismatch
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if not strict and isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        raise _Mismatch
+    if origin in (list, tuple) or tp in (list, tuple):
+        if isinstance(value, str) and not strict:
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, list | tuple):
+            raise _Mismatch
+        inner = args[0] if args else Any
+        return [_coerce(v, inner, strict) for v in value]
+    if origin is dict or tp is dict:
+        if not strict and isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                raise _Mismatch from None
+        if not isinstance(value, dict):
+            raise _Mismatch
+        return value
+    if isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+        raise _Mismatch
+    return value
+
+
+PEFT_PATTERN_KEYS = ("lora_target_modules",)
+"""TRL types it ``list[str]`` but PEFT also takes one string: ``all-linear`` or a regex over full module names.
+(``lora_target_parameters`` must stay a list: PEFT refuses a string there.)"""
+_REGEX_CHARACTERS = frozenset("*+?()[]{}|^$\\")
+
+
+def _peft_pattern(value: Any) -> str | None:
+    """``value`` as PEFT's single-string form when it is ``all-linear`` or a regex (one string, or a one-item list)."""
+    if isinstance(value, list | tuple) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, str) and (value.lower() == "all-linear" or _REGEX_CHARACTERS & set(value)):
+        return value
+    return None
+
+
+def coerce_value(key: str, value: Any, tp: Any, source: str) -> Any:
+    """Check ``value`` against the field type; raise DnaConfigError naming key, value and type.
+
+    ``lora_target_modules: all-linear`` and regex targets (``".*_proj"``) stay one string, as PEFT
+    needs them (a list item is matched as a module-name suffix, so ``[all-linear]`` matches nothing).
+    """
+    if key in PEFT_PATTERN_KEYS and (pattern := _peft_pattern(value)) is not None:
+        return pattern
+    if key == "resume_from_checkpoint" and isinstance(value, bool):
+        return str(value).lower()  # YAML reads `resume_from_checkpoint: true` as a bool; the key is a string
+    try:
+        return _coerce(value, tp, strict=False)
+    except _Mismatch:
+        raise DnaConfigError(
+            f"Config key '{key}' has value {value!r} ({type(value).__name__}) in {source}, but it must be "
+            f"{type_name(tp)}. Change the value in {source}."
+        ) from None
+
+
+def suggest(key: str, valid: typing.Iterable[str]) -> str:
+    """A ' Did you mean ...?' hint with the nearest valid key, or an empty string."""
+    matches = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
+    return f" Did you mean '{matches[0]}'?" if matches else ""
+
+
+def check_known_keys(layer: dict[str, Any], valid: typing.Iterable[str], source: str) -> None:
+    valid = set(valid)
+    for key in layer:
+        if key not in valid:
+            raise DnaConfigError(
+                f"Unknown config key '{key}' in {source}.{suggest(key, valid)} "
+                f"Fix or remove it (python <stage>.py --help lists every key)."
+            )
