@@ -693,45 +693,59 @@ def test_rollout_child_resubmits_a_completion_the_server_aborted(vllm_server):
 # ----------------------------------------------------------------------------------------- no hang, ever (#19 item 3)
 
 
+def _spawn_async_run(url: str, tmp_path, *extra: str) -> tuple[subprocess.Popen, Path]:
+    """``grpo.py`` on the async tiny recipe in its own session, stderr to a file (not a pipe); ``(child, log)``."""
+    out, log = tmp_path / "run", tmp_path / "run.log"
+    args = ["grpo.py", "--config", ASYNC, "--vllm_server_base_url", url, "--output_dir", str(out), *extra]
+    with open(log, "w") as stderr:
+        child = subprocess.Popen(
+            [sys.executable, *args], cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"), start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+        )  # fmt: skip
+    return child, log
+
+
+def _ended_with_one_error_line(
+    child: subprocess.Popen, log: Path, before: int, cause: str, bound_s: float = 120
+) -> tuple[int, str]:
+    """Wait (bounded: a failure guard, not a speed target) for the trainer to end after ``cause``; its exit status
+    and last line, asserting the line is an ``error:`` and that no traceback was printed after ``before``."""
+    try:
+        code = child.wait(timeout=bound_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the trainer still runs {bound_s} s after {cause}: {log.read_text()[-3000:]}")
+    after = log.read_text()[before:]
+    last = after.strip().splitlines()[-1]
+    assert code != 0 and last.startswith("error: ") and "Traceback" not in after, after[-3000:]
+    return code, last
+
+
+def _kill_session(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_a_dead_rollout_child_stops_the_trainer_with_one_error_line(vllm_server, tiny_model, tmp_path):
     """#19 item 3: the rollout child killed mid-run (after checkpoint-1) ends the trainer, non-zero, within a bound,
     with one error line naming the child and its death. TRL 1.16 alone notices only when the heartbeat is stale
     (heartbeat_stale_after_s, 300 s) and then its stop() can block for ever on the dead child's Event."""
-    url = vllm_server.base_url.removesuffix("/v1")
-    out, log = tmp_path / "run", tmp_path / "run.log"
-    args = ["grpo.py", "--config", ASYNC, "--vllm_server_base_url", url, "--output_dir", str(out),
-            "--save_steps", "1", "--max_steps", "100"]  # fmt: skip
+    child, log = _spawn_async_run(
+        vllm_server.base_url.removesuffix("/v1"), tmp_path, "--save_steps", "1", "--max_steps", "100"
+    )
     try:
-        with open(log, "w") as stderr:  # a file, not a pipe
-            child = subprocess.Popen(
-                [sys.executable, *args], cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"), start_new_session=True,
-                stdout=subprocess.DEVNULL, stderr=stderr, text=True,
-            )  # fmt: skip
-        _wait_for_checkpoint(child, out / "checkpoint-1", log)
+        _wait_for_checkpoint(child, tmp_path / "run" / "checkpoint-1", log)
         found = re.search(r"spawned child pid=(\d+)", log.read_text())
         assert found, log.read_text()[-3000:]
         rollout_pid = int(found.group(1))
         before = len(log.read_text())
         os.kill(rollout_pid, signal.SIGKILL)
-        try:
-            code = child.wait(timeout=120)  # a failure guard, not a speed target
-        except subprocess.TimeoutExpired:
-            pytest.fail(
-                f"the trainer still runs 120 s after its rollout child died: {log.read_text()[-3000:]}"
-            )
-        after = log.read_text()[before:]
-        assert code != 0, after[-3000:]
-        last = after.strip().splitlines()[-1]
-        assert last.startswith("error: ") and f"pid {rollout_pid}" in last and "SIGKILL" in last, after[
-            -3000:
-        ]
-        assert "Traceback" not in after, after[-3000:]
+        _, last = _ended_with_one_error_line(child, log, before, "its rollout child died")
+        assert f"pid {rollout_pid}" in last and "SIGKILL" in last, last
     finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
+        _kill_session(child)
         _restore_server_weights(vllm_server, tiny_model)
 
 
@@ -741,46 +755,18 @@ def test_a_rollout_child_killed_during_its_start_up_is_one_error_line(vllm_serve
     """#19 item 3: TRL 1.16 reports a child that died before it was ready as a RuntimeError traceback (exit 1);
     here it is one error line naming the death. The child needs tens of seconds to import torch, transformers,
     TRL and vLLM, so it is killed right after it was spawned."""
-    url = vllm_server.base_url.removesuffix("/v1")
-    out, log = tmp_path / "run", tmp_path / "run.log"
-    args = [
-        "grpo.py",
-        "--config",
-        ASYNC,
-        "--vllm_server_base_url",
-        url,
-        "--output_dir",
-        str(out),
-        "--max_steps",
-        "3",
-    ]
+    child, log = _spawn_async_run(vllm_server.base_url.removesuffix("/v1"), tmp_path, "--max_steps", "3")
     try:
-        with open(log, "w") as stderr:  # a file, not a pipe
-            child = subprocess.Popen(
-                [sys.executable, *args], cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"), start_new_session=True,
-                stdout=subprocess.DEVNULL, stderr=stderr, text=True,
-            )  # fmt: skip
         deadline = time.time() + 400
         while not (found := re.search(r"spawned child pid=(\d+)", log.read_text())):
             assert child.poll() is None and time.time() < deadline, log.read_text()[-3000:]
             time.sleep(0.1)
         before = len(log.read_text())
         os.kill(int(found.group(1)), signal.SIGKILL)
-        try:
-            code = child.wait(timeout=120)  # a failure guard, not a speed target
-        except subprocess.TimeoutExpired:
-            pytest.fail(
-                f"the trainer still runs 120 s after its rollout child died: {log.read_text()[-3000:]}"
-            )
-        after = log.read_text()[before:]
-        assert code == 2, after[-3000:]
-        last = after.strip().splitlines()[-1]
-        assert last.startswith("error: ") and "SIGKILL" in last and "did not start" in last, after[-3000:]
-        assert "Traceback" not in after, after[-3000:]
+        code, last = _ended_with_one_error_line(child, log, before, "its rollout child died")
+        assert code == 2 and "SIGKILL" in last and "did not start" in last, last
     finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
+        _kill_session(child)
 
 
 class _TcpProxy:
@@ -838,30 +824,14 @@ def test_a_server_that_goes_down_mid_run_stops_the_trainer_with_one_error_line(
 
     proxy = _TcpProxy(urlparse(vllm_server.base_url).port)
     url = f"http://127.0.0.1:{proxy.port}"
-    out, log = tmp_path / "run", tmp_path / "run.log"
-    args = ["grpo.py", "--config", ASYNC, "--vllm_server_base_url", url, "--output_dir", str(out),
-            "--save_steps", "1", "--max_steps", "100"]  # fmt: skip
+    child, log = _spawn_async_run(url, tmp_path, "--save_steps", "1", "--max_steps", "100")
     try:
-        with open(log, "w") as stderr:  # a file, not a pipe
-            child = subprocess.Popen(
-                [sys.executable, *args], cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"), start_new_session=True,
-                stdout=subprocess.DEVNULL, stderr=stderr, text=True,
-            )  # fmt: skip
-        _wait_for_checkpoint(child, out / "checkpoint-1", log)
+        _wait_for_checkpoint(child, tmp_path / "run" / "checkpoint-1", log)
         before = len(log.read_text())
         proxy.down()
-        try:
-            code = child.wait(timeout=180)  # a failure guard, not a speed target
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the trainer still runs 180 s after its server went down: {log.read_text()[-3000:]}")
-        after = log.read_text()[before:]
-        assert code != 0, after[-3000:]
-        last = after.strip().splitlines()[-1]
-        assert last.startswith(f"error: The vLLM server at {url}"), after[-3000:]
-        assert "Traceback" not in after, after[-3000:]
+        _, last = _ended_with_one_error_line(child, log, before, "its server went down", bound_s=180)
+        assert last.startswith(f"error: The vLLM server at {url}"), last
     finally:
         proxy.down()
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
+        _kill_session(child)
         _restore_server_weights(vllm_server, tiny_model)
