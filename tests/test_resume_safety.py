@@ -8,6 +8,7 @@ checkpoint, ``resume_from_checkpoint: true`` from YAML, and Ctrl-C / SIGTERM mid
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -191,3 +192,114 @@ def test_run_summary_records_provenance_and_wall_time_across_resumes(finished_ru
     second = json.loads((run_copy / "run_summary.json").read_text())
     # the first session's time (up to checkpoint-2) counts, plus this session's
     assert second["wall_seconds_total"] >= second["train_seconds"] + 0.5 * first["train_seconds"], second
+
+
+# --------------------------------------------------------------------------- after review
+
+
+def test_a_short_smoke_run_does_not_make_the_full_run_look_finished(run_copy):
+    """A run cut short by --max_steps, then the recipe's own length (epochs): it continues, it is not 'finished'."""
+    proc = run_cli(
+        "sft.py", *SFT, "--max_steps", "-1", "--num_train_epochs", "0.3", "--output_dir", str(run_copy)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "already finished" not in proc.stderr, proc.stderr[-2000:]
+    summary = json.loads((run_copy / "run_summary.json").read_text())
+    assert summary["global_step"] > 2 and summary["resumed_from"].endswith("checkpoint-2"), summary
+
+
+def test_starting_over_moves_the_earlier_run_aside(run_copy):
+    proc = run_cli(
+        "sft.py", *SFT, "--max_steps", "1", "--resume_from_checkpoint", "false", "--output_dir", str(run_copy)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    moved = list(run_copy.glob("previous-*"))
+    assert len(moved) == 1 and (moved[0] / "checkpoint-2" / "trainer_state.json").is_file(), proc.stderr[
+        -2000:
+    ]
+    assert json.loads((moved[0] / "run_summary.json").read_text())["global_step"] == 2
+    assert "checkpoint-2" not in _checkpoints(run_copy)
+    assert json.loads((run_copy / "run_summary.json").read_text())["global_step"] == 1
+    again = run_cli("sft.py", *SFT, "--max_steps", "1", "--output_dir", str(run_copy))
+    assert again.returncode == 0 and "already finished at step 1" in again.stderr, again.stderr[-2000:]
+
+
+def test_a_crash_before_the_first_checkpoint_then_a_change_starts_fresh(run_copy):
+    for name in ("checkpoint-2", "run_summary.json", "model.safetensors"):
+        target = run_copy / name
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+    proc = run_cli(
+        "sft.py", *SFT, "--max_steps", "1", "--learning_rate", "1e-4", "--output_dir", str(run_copy)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_copy / "run_summary.json").read_text())
+    assert summary["global_step"] == 1 and summary["resumed_from"] is None
+
+
+def test_operational_keys_defaults_and_path_spellings_do_not_block_a_resume(run_copy):
+    same_model = str((REPO / "artifacts/tiny/student").resolve())
+    proc = run_cli(
+        "sft.py", *SFT, "--max_steps", "3", "--output_dir", str(run_copy), "--ddp_timeout", "7200",
+        "--weight_decay", "0.0", "--dataset_num_proc", "1", "--model_name_or_path", same_model,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((run_copy / "run_summary.json").read_text())["resumed_from"].endswith("checkpoint-2")
+
+
+def test_weights_follow_the_umask(finished_run):
+    umask = os.umask(0)
+    os.umask(umask)
+    expected = 0o666 & ~umask
+    files = [finished_run / "model.safetensors", *sorted((finished_run / "checkpoint-2").iterdir())]
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in files if p.is_file()}
+    assert set(modes.values()) == {oct(expected)}, modes
+
+
+def test_a_bad_trainer_setting_is_not_blamed_on_the_model(tmp_path, tiny_model):
+    proc = run_cli(
+        "sft.py", *SFT, "--max_steps", "1", "--output_dir", str(tmp_path / "o"), "--eos_token", "<|nope|>"
+    )
+    errors = _error_lines(proc.stderr)
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "<|nope|>" in errors[0] and "model_name_or_path" not in errors[0], errors[0]
+
+
+def test_an_uncached_teacher_hub_id_is_named(tmp_path, tiny_model):
+    proc = run_cli(
+        "distill.py", "--config", "configs/Distill/tiny-cpu.yaml", "--output_dir", str(tmp_path / "o"),
+        "--teacher_model_name_or_path", "someorg/teacher-7b",
+    )  # fmt: skip
+    errors = _error_lines(proc.stderr)
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "someorg/teacher-7b" in errors[0], errors[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_ctrl_c_under_the_pipeline_saves_the_stage_and_skips_its_eval(tmp_path, tiny_model):
+    """The terminal's Ctrl-C reaches the pipeline and its stage: the stage saves (no eval of that checkpoint), the
+    pipeline waits for it and prints one line."""
+    log = tmp_path / "pipeline.log"
+    out = tmp_path / "pipe"
+    with log.open("w") as sink:
+        child = subprocess.Popen(
+            [sys.executable, "pipeline.py", "--recipe", "configs/recipes/tiny-cpu.yaml", "--only_stage", "sft",
+             "--output_dir", str(out), "--set", "save_steps=5000", "--set", "logging_steps=1",
+             "--set", "eval_baseline=false"],
+            cwd=REPO, env=cli_env(), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        try:
+            _wait_for(log, r"'loss'", child)
+            os.killpg(child.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+            status = child.wait(timeout=180)
+        finally:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+    text = log.read_text(errors="replace")
+    assert status == 130 and "Traceback" not in text, text[-3000:]
+    saved = _checkpoints(out / "2-sft")
+    assert len(saved) == 1 and (out / "2-sft" / saved[0] / "trainer_state.json").is_file(), text[-3000:]
+    after_signal = text[text.index("SIGINT") :]
+    assert "Starting vLLM" not in after_signal and "Staged" not in after_signal, after_signal[-3000:]
+    last = [line for line in text.splitlines() if line.strip()][-1]
+    assert "pipeline.py" in last and "resume" in last, last
