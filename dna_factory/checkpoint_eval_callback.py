@@ -44,6 +44,7 @@ from dna_factory.checkpoint_eval import (
     without_parallel_flags,
 )
 from dna_factory.eval_harness import HarnessRun, HarnessSettings, harness_command, resolve_tasks
+from dna_factory.interrupt import stop_requested
 from dna_factory.vllm_server import VLLMServer, cuda_available, install_cleanup_hooks
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,9 @@ class CheckpointEvalCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         step = state.global_step
+        if stop_requested():  # saved on Ctrl-C/SIGTERM: stop now, an eval would outlast a preemption's grace
+            logger.info("checkpoint-%d was saved on a stop signal: not evaluated.", step)
+            return
         if self._busy():
             self._skipped_last = step
             logger.warning(
@@ -148,6 +152,9 @@ class CheckpointEvalCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
+            return
+        if stop_requested():
+            self.close()  # a running eval is stopped, not waited for
             return
         self._wait()
         if self.args.eval_final and self._skipped_last is not None:

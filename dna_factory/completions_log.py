@@ -6,7 +6,8 @@ appends each such file, as JSON lines, to ``<output_dir>/completions.jsonl`` —
 ``step``, ``prompt``, ``completion``, one column per reward, ``advantage`` — readable with ``jq`` or
 ``pandas.read_json(lines=True)``. TRL writes a step's file after the callbacks' ``on_log``, so a file
 is appended at the next log or at the end of training; ``completions/mirrored.txt`` names the files
-already appended, so a resumed run appends each once.
+already appended; a resumed run first drops the lines of steps after its checkpoint (they are trained
+and logged again).
 """
 
 from __future__ import annotations
@@ -41,6 +42,26 @@ class CompletionsLog(TrainerCallback):
                 sink.write(lines if lines.endswith("\n") else lines + "\n")
             with self.ledger.open("a", encoding="utf-8") as ledger:
                 ledger.write(table.name + "\n")
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """On a resume, drop what was logged after the checkpoint: those steps are trained (and logged) again."""
+        if not state.is_world_process_zero or not (self.out / FILE_NAME).is_file():
+            return
+        import json
+
+        kept = [
+            line
+            for line in (self.out / FILE_NAME).read_text(encoding="utf-8").splitlines(keepends=True)
+            if line.strip() and json.loads(line).get("step", 0) <= state.global_step
+        ]
+        (self.out / FILE_NAME).write_text("".join(kept), encoding="utf-8")
+        if self.ledger.is_file():
+            names = [
+                n
+                for n in self.ledger.read_text().split()
+                if int(n.split("_")[1].split(".")[0]) <= state.global_step
+            ]
+            self.ledger.write_text("".join(n + "\n" for n in names))
 
     def on_log(self, args, state, control, **kwargs):
         if state.is_world_process_zero and self.folder.is_dir():

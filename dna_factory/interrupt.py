@@ -3,7 +3,9 @@
 The first SIGINT or SIGTERM sets a flag; at the end of the current optimiser step
 :class:`GracefulStop` asks the Trainer to save ``checkpoint-N`` and stop, and the runner exits with
 one line saying how to resume (status 128 + the signal). A second signal stops at once
-(``KeyboardInterrupt``): the newest checkpoint already on disk is the resume point. With several
+(:class:`Interrupted` without a step): the newest checkpoint already on disk is the resume point.
+:func:`stop_requested` lets checkpoint eval skip the checkpoint saved on the signal (an eval would
+outlast SLURM's grace period). With several
 processes the flag is agreed on by all of them at every step (one all-reduce of one number), so all
 ranks save the same step.
 """
@@ -11,6 +13,7 @@ ranks save the same step.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 
 from transformers import TrainerCallback
@@ -20,13 +23,23 @@ logger = logging.getLogger(__name__)
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-class Interrupted(Exception):
-    """Training stopped on a signal after saving ``checkpoint``; ``status`` is the process exit status."""
+_requested: list[int] = []  # the signal this process was asked to stop on, once one arrived
 
-    def __init__(self, signum: int, step: int, checkpoint: str | None):
+
+def stop_requested() -> bool:
+    """True once SIGINT or SIGTERM asked this training process to stop (checkpoint eval skips its work then)."""
+    return bool(_requested)
+
+
+class Interrupted(KeyboardInterrupt):  # a KeyboardInterrupt: no `except Exception` on the way swallows it
+    """Training stopped on a signal: after saving ``checkpoint`` (at ``step``), or at once on a second signal
+    (``step`` None). ``status`` is the process exit status, 128 + the signal."""
+
+    def __init__(self, signum: int, step: int | None, checkpoint: str | None):
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
         self.status = 128 + signum
-        super().__init__(f"{signal.Signals(signum).name} at step {step}")
+        name = signal.Signals(signum).name
+        super().__init__(f"{name} at step {step}" if step is not None else f"{name} again: stopped at once")
 
 
 class GracefulStop(TrainerCallback):
@@ -37,6 +50,7 @@ class GracefulStop(TrainerCallback):
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
+        self._pid = os.getpid()  # dataloader workers fork with this handler; only this process acts on it
         for signum in SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
 
@@ -46,10 +60,13 @@ class GracefulStop(TrainerCallback):
         self._previous.clear()
 
     def _handle(self, signum, frame) -> None:
+        if os.getpid() != self._pid:
+            return
         if self.signum is not None:
             self.restore()
-            raise KeyboardInterrupt
+            raise Interrupted(signum, None, None)
         self.signum = signum
+        _requested.append(signum)
         logger.warning(
             "%s: finishing this step and saving a checkpoint, then stopping (send it again to stop at once).",
             signal.Signals(signum).name,

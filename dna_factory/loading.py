@@ -24,14 +24,19 @@ from dna_factory.stages import Stage, StageContext
 logger = logging.getLogger(__name__)
 
 
-def check_hub_model(model: str, revision: str | None = None, timeout: float = 5.0) -> None:
+def check_hub_model(
+    model: str, revision: str | None = None, timeout: float = 5.0, what: str = "model_name_or_path"
+) -> None:
     """A hub id that is not in the local cache needs the Hub (or ``HF_ENDPOINT``): fail at once when it is not
     reachable, instead of after ``from_pretrained``'s retries. A local path, or a cached id, passes untouched."""
     from huggingface_hub import constants, try_to_load_from_cache
 
     if looks_local(model) or os.path.isdir(model):
         return
-    if isinstance(try_to_load_from_cache(model, "config.json", revision=revision), str):
+    if any(
+        isinstance(try_to_load_from_cache(model, name, revision=revision), str)
+        for name in ("config.json", "adapter_config.json")
+    ):
         return
     endpoint = constants.ENDPOINT
     if constants.HF_HUB_OFFLINE:
@@ -46,9 +51,9 @@ def check_hub_model(model: str, revision: str | None = None, timeout: float = 5.
         except OSError as exc:
             problem = f"{endpoint} cannot be reached ({exc})"
     raise DnaConfigError(
-        f"Model '{model}' is not a local folder and not in the Hugging Face cache, and {problem}. Download it where "
+        f"{what} '{model}' is not a local folder and not in the Hugging Face cache, and {problem}. Download it where "
         f"the Hub is reachable (huggingface-cli download {model}) and copy the cache here, set HF_ENDPOINT to a "
-        "mirror, or point model_name_or_path at a local folder."
+        f"mirror, or point {what} at a local folder."
     )
 
 
@@ -84,6 +89,25 @@ def loading(what: str, model: str):
         raise DnaConfigError(
             f"Could not load {what} of '{model}'{offline}: {first[:300]} Check model_name_or_path: a local folder "
             "saved by save_pretrained, or a hub id this machine can download or has cached."
+        ) from exc
+
+
+@contextlib.contextmanager
+def building_trainer(stage: str):
+    """Errors raised while TRL builds the trainer (and loads the model) from the user's settings, as one line.
+
+    The message is TRL's or Transformers' own, which names the setting or file (an ``eos_token`` not in the
+    vocabulary, a missing weights file); ``--debug`` shows where it was raised.
+    """
+    try:
+        yield
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, DnaConfigError):
+            raise
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+        raise DnaConfigError(
+            f"The {stage} trainer could not be built: {type(exc).__name__}: {first[:400]} Fix the setting or file "
+            "it names (--debug shows where it was raised)."
         ) from exc
 
 
@@ -135,6 +159,8 @@ def load_data(stage: Stage, cfg: ResolvedConfig):
     run_args = cfg.of(RunArguments)
     tokenizer = None
     check_hub_model(model_args.model_name_or_path, model_args.model_revision)
+    if teacher := cfg.get("teacher_model_name_or_path"):
+        check_hub_model(str(teacher), None, what="teacher_model_name_or_path")
     if local_chat_template(model_args.model_name_or_path) is None:
         tokenizer = load_tokenizer(model_args, training_args)
     rule = prompt_rule(cfg, tokenizer)

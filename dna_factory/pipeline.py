@@ -33,192 +33,25 @@ import argparse
 import json
 import logging
 import os
-import re
+import shlex
+import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import yaml
-
-from dna_factory.config import load_yaml
 from dna_factory.config_types import suggest
 from dna_factory.errors import DnaConfigError
+from dna_factory.pipeline_recipe import (
+    DONE,
+    Pipeline,
+    PipelineStage,
+    apply_cli_overrides,
+    load_pipeline,
+    stage_argv,
+)
 
 logger = logging.getLogger(__name__)
-
-ENTRIES = ("sft", "dpo", "grpo", "distill")
-RECIPE_KEYS = {"name", "description", "output_dir", "model_name_or_path", "overrides", "stages", "report"}
-STAGE_KEYS = {
-    "name",
-    "entry",
-    "config",
-    "overrides",
-    "merge_adapter",
-    "launcher",
-    "gpus",
-    "env",
-    "description",
-    "model",
-}
-REFERENCE = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")  # "${stage}" in overrides: that stage's final model
-DONE = "DONE.json"
-
-
-@dataclass
-class PipelineStage:
-    index: int
-    name: str
-    entry: str
-    config: str
-    overrides: dict[str, Any] = field(default_factory=dict)
-    merge_adapter: bool = True
-    launcher: list[str] = field(default_factory=list)
-    gpus: dict[str, str] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
-    description: str = ""
-    model: str | None = None
-    flags: list[str] = field(default_factory=list)  # bare flags for the entry script (``--rehearse``)
-
-    def output_dir(self, root: Path) -> Path:
-        return root / f"{self.index}-{self.name}"
-
-
-@dataclass
-class Pipeline:
-    name: str
-    output_dir: Path
-    model_name_or_path: str
-    stages: list[PipelineStage]
-    description: str = ""
-
-
-def _check_keys(mapping: dict, valid: set[str], where: str) -> None:
-    for key in mapping:
-        if key not in valid:
-            raise DnaConfigError(
-                f"Unknown key '{key}' in {where}.{suggest(key, valid)} Valid: {', '.join(sorted(valid))}."
-            )
-
-
-def load_pipeline(path: str | Path) -> Pipeline:
-    """Parse and check a pipeline recipe (not the stages' own configs: see :func:`validate`)."""
-    raw = load_yaml(path, "Pipeline recipe")
-    _check_keys(raw, RECIPE_KEYS, str(path))
-    stages_raw = raw.get("stages")
-    if not isinstance(stages_raw, list) or not stages_raw:
-        raise DnaConfigError(f"{path} needs `stages:`, a list of {{name, entry, config}} mappings.")
-    if not raw.get("model_name_or_path"):
-        raise DnaConfigError(f"{path} needs `model_name_or_path:`, the model the first stage starts from.")
-    common = raw.get("overrides") or {}
-    if not isinstance(common, dict):
-        raise DnaConfigError(f"{path}: `overrides:` must be a mapping of config keys to values.")
-    stages, names = [], set()
-    for i, entry in enumerate(stages_raw, start=1):
-        where = f"{path} stage {i}"
-        if not isinstance(entry, dict):
-            raise DnaConfigError(f"{where} must be a mapping with name, entry and config.")
-        _check_keys(entry, STAGE_KEYS, where)
-        for required in ("name", "entry", "config"):
-            if not entry.get(required):
-                raise DnaConfigError(f"{where} needs `{required}:`.")
-        if entry["entry"] not in ENTRIES:
-            raise DnaConfigError(
-                f"{where} has entry '{entry['entry']}'.{suggest(entry['entry'], ENTRIES)} Use one of: {', '.join(ENTRIES)}."
-            )
-        if entry["name"] in names:
-            raise DnaConfigError(
-                f"{where}: stage name '{entry['name']}' is used twice. Stage names must be unique."
-            )
-        names.add(entry["name"])
-        if not Path(entry["config"]).is_file():
-            raise DnaConfigError(f"{where}: config '{entry['config']}' does not exist.")
-        launcher = entry.get("launcher") or []
-        stages.append(
-            PipelineStage(
-                index=i,
-                name=str(entry["name"]),
-                entry=entry["entry"],
-                config=str(entry["config"]),
-                overrides={**common, **(entry.get("overrides") or {})},
-                merge_adapter=bool(entry.get("merge_adapter", True)),
-                launcher=launcher.split() if isinstance(launcher, str) else list(launcher),
-                gpus={k: str(v) for k, v in (entry.get("gpus") or {}).items()},
-                env={k: str(v) for k, v in (entry.get("env") or {}).items()},
-                description=str(entry.get("description", "")),
-                model=str(entry["model"]) if entry.get("model") else None,
-            )
-        )
-    check_references(stages, str(path))
-    return Pipeline(
-        name=str(raw.get("name") or Path(path).stem),
-        output_dir=Path(raw.get("output_dir") or f"outputs/pipeline-{Path(path).stem}"),
-        model_name_or_path=str(raw["model_name_or_path"]),
-        stages=stages,
-        description=str(raw.get("description", "")),
-    )
-
-
-def check_references(stages: list[PipelineStage], where: str) -> None:
-    """Every ``${name}`` in a stage's overrides names an earlier stage."""
-    for stage in stages:
-        for value in stage.overrides.values():
-            for ref in REFERENCE.findall(str(value)):
-                earlier = [s.name for s in stages if s.index < stage.index]
-                if ref not in earlier:
-                    raise DnaConfigError(
-                        f"{where} stage {stage.index} ({stage.name}) refers to ${{{ref}}}, which is not an earlier "
-                        f"stage.{suggest(ref, earlier)} Earlier stages: {', '.join(earlier) or '(none)'}."
-                    )
-
-
-def apply_cli_overrides(pipeline: Pipeline, assignments: list[str], output_dir: str | None) -> None:
-    """``--set KEY=VALUE`` (YAML value) into every stage's overrides, and ``--output_dir``."""
-    for assignment in assignments:
-        key, sep, text = assignment.partition("=")
-        key = key.strip().removeprefix("--")
-        if not sep or not key:
-            raise DnaConfigError(f"--set {assignment!r}: write it as KEY=VALUE, e.g. --set max_steps=2.")
-        try:
-            value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError as exc:
-            raise DnaConfigError(f"--set {assignment!r}: the value is not valid YAML ({exc}).") from None
-        for stage in pipeline.stages:
-            stage.overrides[key] = value
-    if assignments:
-        check_references(pipeline.stages, "--set: in")
-    if output_dir:
-        pipeline.output_dir = Path(output_dir)
-
-
-def _flag_value(value: Any) -> str:
-    if isinstance(value, dict | list):
-        return json.dumps(value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def stage_argv(
-    stage: PipelineStage, model: str, root: Path, models: dict[str, str] | None = None
-) -> list[str]:
-    """The stage's command-line arguments (after ``<entry>.py``); ``${name}`` becomes that stage's model."""
-    argv = [
-        "--config",
-        stage.config,
-        "--model_name_or_path",
-        model,
-        "--output_dir",
-        str(stage.output_dir(root)),
-    ]
-    for key, value in stage.overrides.items():
-        if isinstance(value, str) and models:
-            value = REFERENCE.sub(lambda m: models[m.group(1)], value)
-        argv.append(f"--{key}={_flag_value(value)}")  # "=": a value may itself start with "--"
-    return argv + stage.flags
-
 
 REHEARSAL_MARK = "rehearsal-pipeline.json"
 
@@ -335,6 +168,30 @@ def merge_adapter(out: Path) -> Path:
     return merged
 
 
+class StageInterrupted(Exception):
+    """A stage stopped on Ctrl-C or SIGTERM (it saved a checkpoint first, unless signalled twice)."""
+
+    def __init__(self, stage: PipelineStage, returncode: int):
+        self.stage, self.status = stage, returncode
+        name = signal.Signals(returncode - 128).name
+        super().__init__(f"stage {stage.index} ({stage.name}) stopped on {name}")
+
+
+def _wait_through_signals(proc: subprocess.Popen) -> int:
+    """Wait for a stage. A terminal's Ctrl-C (or SLURM's SIGTERM) reaches the stage too, which finishes its step
+    and saves a checkpoint: the pipeline waits for that instead of killing it (``subprocess.run`` would, 0.25 s
+    later). The stage's own handling of a second signal stops it at once."""
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            logger.warning("Waiting for the stage to save its checkpoint and stop (pid %d).", proc.pid)
+
+
+def _sigterm_as_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def run_stage(stage: PipelineStage, model: str, root: Path, models: dict[str, str]) -> dict:
     out = stage.output_dir(root)
     command = [*stage.launcher, *([] if stage.launcher else [sys.executable]), f"{stage.entry}.py"]
@@ -344,11 +201,13 @@ def run_stage(stage: PipelineStage, model: str, root: Path, models: dict[str, st
         env["CUDA_VISIBLE_DEVICES"] = stage.gpus["train"]
     logger.info("Stage %d (%s): %s", stage.index, stage.name, " ".join(command))
     started = time.time()
-    proc = subprocess.run(command, env=env)
+    returncode = _wait_through_signals(subprocess.Popen(command, env=env))
     seconds = time.time() - started
-    if proc.returncode != 0:
+    if returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        raise StageInterrupted(stage, returncode)
+    if returncode != 0:
         raise RuntimeError(
-            f"Stage {stage.index} ({stage.name}) failed with exit status {proc.returncode}. Fix the cause and rerun "
+            f"Stage {stage.index} ({stage.name}) failed with exit status {returncode}. Fix the cause and rerun "
             "the same command: finished stages are skipped and this one resumes from its last checkpoint."
         )
     final = out
@@ -461,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     from dna_factory.runner import setup_logging
 
     setup_logging()
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         pipeline = load_pipeline(args.recipe)
         apply_cli_overrides(pipeline, args.set, args.output_dir)
@@ -495,6 +355,20 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except StageInterrupted as exc:
+        command = shlex.join(["python", "pipeline.py", *(sys.argv[1:] if argv is None else argv)])
+        print(
+            f"interrupted: {exc}; finished stages are kept and this one resumes from its last checkpoint. "
+            f"To resume, rerun: {command}",
+            file=sys.stderr,
+        )
+        return exc.status
+    except KeyboardInterrupt:
+        print(
+            "interrupted: before any stage ran, or between stages. Rerun the same command to go on.",
+            file=sys.stderr,
+        )
+        return 130
     from dna_factory.report import print_table
 
     print_table(pipeline)

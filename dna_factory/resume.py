@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -38,31 +39,77 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # Keys that do not change what is optimised: where output goes, how often to log, save and evaluate,
 # how long to train (raising max_steps continues a run), how to reach services, how to report.
 _OPERATIONAL_PREFIXES = (
-    "logging_", "save_", "eval_", "per_device_eval_", "hub_", "push_to_hub", "report_to", "run_name",
-    "output_dir", "overwrite_output_dir", "resume_from_checkpoint", "auto_resume", "allow_config_change",
-    "dry_run", "wandb_", "log_", "dataloader_", "vllm_server_", "server_wait_s", "checkpoint_eval",
-    "max_steps", "num_train_epochs", "disable_tqdm", "num_completions_to_print", "gradient_checkpointing",
-    "torch_empty_cache_steps", "include_", "skip_memory_metrics", "teacher_server_", "judge_",
+    "logging_", "save_", "eval_", "per_device_eval_", "hub_", "push_to_hub", "report_to", "run_name", "project",
+    "trackio_", "output_dir", "overwrite_output_dir", "resume_from_checkpoint", "auto_resume",
+    "allow_config_change", "dry_run", "wandb_", "log_", "dataloader_", "dataset_num_proc", "ddp_", "use_cpu",
+    "torch_compile", "vllm_server_", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size", "server_wait_s",
+    "checkpoint_eval", "max_steps", "num_train_epochs", "disable_tqdm", "num_completions_to_print",
+    "gradient_checkpointing", "torch_empty_cache_steps", "include_", "skip_memory_metrics", "teacher_server_",
+    "teacher_request_timeout", "teacher_retries", "teacher_max_concurrent_requests", "judge_", "request_timeout",
+    "heartbeat_stale_after_s", "weight_sync_timeout", "max_inflight_tasks", "alarm_after_steps",
 )  # fmt: skip
+_PATH_KEYS = ("model_name_or_path", "teacher_model_name_or_path")
 
 
 def _operational(key: str) -> bool:
     return key.startswith(_OPERATIONAL_PREFIXES)
 
 
-def fingerprint(stage: str, values: dict[str, Any]) -> dict[str, Any]:
-    """The stage and every key a layer set that changes the optimisation, as plain JSON values."""
-    keys = {k: values[k] for k in sorted(values) if not _operational(k)}
-    return {"stage": stage, "keys": json.loads(json.dumps(keys, default=str))}
+def _same_path(value: Any) -> Any:
+    """A local path as its real absolute path (``./m``, ``m`` and ``/abs/m`` are one model); anything else as is."""
+    if isinstance(value, str) and value and Path(value).expanduser().exists():
+        return str(Path(value).expanduser().resolve())
+    return value
+
+
+def _plain(key: str, value: Any) -> Any:
+    if key in _PATH_KEYS:
+        return _same_path(value)
+    if key in ("datasets", "eval_datasets") and isinstance(value, list):
+        return [
+            {**d, "path": _same_path(d.get("path"))} if isinstance(d, dict) else _same_path(d) for d in value
+        ]
+    return value
+
+
+def fingerprint(stage: str, values: dict[str, Any], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The stage and the effective value of every key that changes the optimisation, as plain JSON values.
+
+    ``values`` are the keys a layer set; ``defaults`` the dataclass defaults of the others, used where the two
+    runs' layers set different keys (a key set to its default is no change).
+    """
+    keys = {k: _plain(k, values[k]) for k in sorted(values) if not _operational(k)}
+    plain_defaults = {k: v for k, v in (defaults or {}).items() if not _operational(k)}
+    return {
+        "stage": stage,
+        "keys": json.loads(json.dumps(keys, default=str)),
+        "defaults": json.loads(json.dumps(plain_defaults, default=str)),
+    }
+
+
+def dataclass_defaults(classes) -> dict[str, Any]:
+    """The default of every field of ``classes`` (``default_factory`` called), for :func:`fingerprint`."""
+    import dataclasses
+
+    found: dict[str, Any] = {}
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                found.setdefault(f.name, f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                found.setdefault(f.name, f.default_factory())
+    return found
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``key: was -> now`` for each differing key (``unset`` where a side has no value)."""
+    """``key: was -> now`` for each key whose effective value differs (``unset``: neither run knows a value)."""
     before, after = old.get("keys", {}), new.get("keys", {})
+    fallback = {**old.get("defaults", {}), **new.get("defaults", {})}
     lines = []
     for key in sorted(set(before) | set(after)):
-        if before.get(key, "unset") != after.get(key, "unset"):
-            lines.append(f"{key}: {_short(before.get(key, 'unset'))} -> {_short(after.get(key, 'unset'))}")
+        was, now = before.get(key, fallback.get(key, "unset")), after.get(key, fallback.get(key, "unset"))
+        if was != now:
+            lines.append(f"{key}: {_short(was)} -> {_short(now)}")
     return lines
 
 
@@ -114,11 +161,22 @@ class AlreadyFinished(Exception):
 
 @dataclass
 class ResumePlan:
-    """Where training starts: ``checkpoint`` (None: from scratch) and the wall time already spent."""
+    """Where training starts: ``checkpoint`` (None: from scratch) and the wall time already spent.
+
+    ``move_aside``: the output dir holds another run that this one starts over from (its files move to
+    ``previous-<time>/`` once this run's checks passed).
+    """
 
     checkpoint: str | None
     wall_seconds_before: float = 0.0
     config_changed: bool = False
+    move_aside: bool = False
+
+
+def holds_a_run(output_dir: str | Path) -> bool:
+    """A complete checkpoint or a finished run's summary: something a new run must not mix with."""
+    out = Path(output_dir)
+    return (out / SUMMARY_NAME).is_file() or any(is_complete(c) for c in checkpoints(out))
 
 
 def plan_resume(
@@ -128,6 +186,7 @@ def plan_resume(
     requested: Any,
     auto_resume: bool,
     allow_config_change: bool,
+    defaults: dict[str, Any] | None = None,
 ) -> ResumePlan:
     """Decide where training starts (see the module docstring). Reads files only; raises DnaConfigError.
 
@@ -135,18 +194,19 @@ def plan_resume(
         stage: This run's stage name.
         values: The resolved config's layered keys.
         output_dir: This run's output dir.
-        requested: ``resume_from_checkpoint``: None, a bool, ``true``/``last``/``false``/``none`` or a path.
+        requested: ``resume_from_checkpoint``: None, ``true``/``last``/``false``/``none`` or a path.
         auto_resume: Resume from the newest checkpoint when none is requested.
         allow_config_change: Resume although the fingerprint differs (an explicit resume only).
+        defaults: The dataclass default of every key (see :func:`fingerprint`).
     """
-    mine = fingerprint(stage, values)
-    explicit_path = None
-    want_last = requested is True or (isinstance(requested, str) and requested.lower() in ("true", "last"))
-    if isinstance(requested, str) and requested.lower() not in ("true", "last", "false", "none"):
-        explicit_path = Path(requested)
-    fresh = requested is False or (isinstance(requested, str) and requested.lower() in ("false", "none"))
-    if fresh or (requested is None and not auto_resume):
-        return ResumePlan(None)
+    mine = fingerprint(stage, values, defaults)
+    text = str(requested).lower() if requested is not None else None
+    want_last = text in ("true", "last")
+    fresh = text in ("false", "none") or (requested is None and not auto_resume)
+    explicit_path = Path(requested) if text is not None and not (want_last or fresh) else None
+    out = Path(output_dir)
+    if fresh:
+        return ResumePlan(None, move_aside=holds_a_run(out))
 
     if explicit_path is not None:
         if not is_complete(explicit_path):
@@ -156,23 +216,24 @@ def plan_resume(
             )
         checkpoint = explicit_path
     else:
-        checkpoint = newest_complete_checkpoint(output_dir)
+        checkpoint = newest_complete_checkpoint(out)
         if checkpoint is None and want_last:
             raise DnaConfigError(
                 f"resume_from_checkpoint={requested} but {output_dir} has no complete checkpoint-N. "
                 "Drop the flag to start fresh."
             )
+    finished = (out / SUMMARY_NAME).is_file() and explicit_path is None
+    if checkpoint is None and not finished:
+        return ResumePlan(
+            None
+        )  # nothing to resume or protect (at most a run that died before its first save)
 
-    out = Path(output_dir)
-    theirs = None
-    if checkpoint is not None:
-        theirs = read_json(checkpoint / FINGERPRINT_NAME)
+    theirs = read_json(checkpoint / FINGERPRINT_NAME) if checkpoint is not None else None
     if theirs is None and explicit_path is None:
         theirs = read_json(out / FINGERPRINT_NAME)
-    changed = False
-    if theirs is not None and {k: theirs.get(k) for k in mine} != mine:
-        changed = True
-        where = checkpoint.name if checkpoint is not None else "its files"
+    changed = theirs is not None and (theirs.get("stage") != stage or bool(differences(theirs, mine)))
+    if changed:
+        where = checkpoint.name if checkpoint is not None else SUMMARY_NAME
         if theirs.get("stage") != stage:
             problem = (
                 f"output_dir {output_dir} holds a {theirs.get('stage')} run ({where}) and this is {stage}: "
@@ -183,19 +244,25 @@ def plan_resume(
                 f"output_dir {output_dir} holds a run ({where}) whose settings differ from this one's: "
                 f"{'; '.join(differences(theirs, mine))}."
             )
-        explicit = explicit_path is not None or want_last
-        if not (explicit and allow_config_change):
-            target = checkpoint if checkpoint is not None else "last"
+        if not ((explicit_path is not None or want_last) and allow_config_change and checkpoint is not None):
+            ways = "Use a new output_dir for this run"
+            if checkpoint is not None:
+                ways += (
+                    f", continue that one on purpose with --resume_from_checkpoint {checkpoint} "
+                    "--allow_config_change"
+                )
             raise DnaConfigError(
-                f"{problem} Use a new output_dir for this run, or continue that one on purpose with "
-                f"--resume_from_checkpoint {target} --allow_config_change."
+                f"{problem} {ways}, or start over in it with --resume_from_checkpoint false (its files move to "
+                "previous-<time>/)."
             )
         logger.warning("%s Resuming anyway (--allow_config_change).", problem)
 
-    if explicit_path is None and not changed:
+    if finished and not changed:
         _refuse_rerun_of_finished(out, values, checkpoint)
     if checkpoint is None:
-        return ResumePlan(None)
+        return ResumePlan(
+            None, move_aside=True
+        )  # a finished run without checkpoints, asked for more: start over
     record = read_json(checkpoint / FINGERPRINT_NAME) or {}
     if not want_last and explicit_path is None:
         logger.info("Found %s: resuming from it (set auto_resume: false to start over).", checkpoint)
@@ -203,25 +270,59 @@ def plan_resume(
 
 
 def _refuse_rerun_of_finished(out: Path, values: dict[str, Any], checkpoint: Path | None) -> None:
-    """Raise AlreadyFinished when ``run_summary.json`` says the run ended and no more steps are asked for."""
+    """Raise AlreadyFinished when ``run_summary.json`` says the run ended and this run asks for no more steps.
+
+    Asked for: ``max_steps`` when set (> 0), else ``num_train_epochs``. A finished run that was cut short by
+    its own ``max_steps`` is not finished for an epoch-based request.
+    """
     summary = read_json(out / SUMMARY_NAME)
     if not summary or "global_step" not in summary:
         return
     done = int(summary["global_step"])
     if checkpoint is not None and int(_CHECKPOINT.match(checkpoint.name).group(1)) > done:
         return  # trained further after that summary was written
+    before = summary.get("requested", {})
     max_steps = values.get("max_steps")
     if isinstance(max_steps, int) and max_steps > 0:
         if max_steps > done:
             return
     else:
-        asked = summary.get("requested", {}).get("num_train_epochs")
-        if asked is None or float(values.get("num_train_epochs", asked)) > float(asked):
+        epochs_before = before.get("num_train_epochs")
+        cut_short = isinstance(before.get("max_steps"), int) and before["max_steps"] > 0
+        if (
+            cut_short
+            or epochs_before is None
+            or float(values.get("num_train_epochs", epochs_before)) > float(epochs_before)
+        ):
             return
     raise AlreadyFinished(
         f"{out} holds this run, already finished at step {done} ({SUMMARY_NAME}): nothing to train. Raise "
         "max_steps (or num_train_epochs) to train further, or use a new output_dir to start over."
     )
+
+
+def move_aside(output_dir: str | Path) -> Path:
+    """Move an earlier run's checkpoints and records into ``previous-<time>/`` (nothing is deleted)."""
+    out = Path(output_dir)
+    target = out / time.strftime("previous-%Y%m%d-%H%M%S")
+    target.mkdir()
+    names = {SUMMARY_NAME, FINGERPRINT_NAME, "resolved_config.yaml", "log_history.json", "completions.jsonl"}
+    for path in out.iterdir():
+        if path.name in names or _CHECKPOINT.match(path.name) or path.name == "completions":
+            path.replace(target / path.name)
+    logger.warning("Starting over in %s: the earlier run's checkpoints and records moved to %s.", out, target)
+    return target
+
+
+def follow_umask(folder: Path) -> None:
+    """Give the files of ``folder`` (not below) the mode a plain ``open()`` would: safetensors writes 0600."""
+
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = 0o666 & ~umask
+    for path in folder.iterdir():
+        if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o777 != mode:
+            path.chmod(mode)
 
 
 def write_fingerprint(path: Path, record: dict[str, Any]) -> None:
@@ -247,3 +348,4 @@ class FingerprintCallback(TrainerCallback):
             write_fingerprint(
                 checkpoint / FINGERPRINT_NAME, {**self.record, "wall_seconds": self.wall_seconds()}
             )
+            follow_umask(checkpoint)

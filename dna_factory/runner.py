@@ -26,7 +26,7 @@ from dna_factory.config import ResolvedConfig, RunArguments, resolve
 from dna_factory.config_types import field_types
 from dna_factory.errors import DnaConfigError
 from dna_factory.interrupt import GracefulStop, Interrupted
-from dna_factory.loading import load_context, load_data, loading
+from dna_factory.loading import building_trainer, load_context, load_data
 from dna_factory.preview import preview, split_preview_flag
 from dna_factory.prompts import PromptArguments
 from dna_factory.provenance import provenance
@@ -45,7 +45,10 @@ from dna_factory.resume import (
     SUMMARY_NAME,
     AlreadyFinished,
     FingerprintCallback,
+    dataclass_defaults,
     fingerprint,
+    follow_umask,
+    move_aside,
     plan_resume,
     write_fingerprint,
 )
@@ -180,7 +183,7 @@ def write_resolved_config(cfg: ResolvedConfig, output_dir: str, kept_as: str | N
     return target
 
 
-def train(stage: Stage, cfg: ResolvedConfig) -> dict:
+def train(stage: Stage, cfg: ResolvedConfig, started: float | None = None) -> dict:
     """Check the output dir, load data, tokenizer and trainer, train (resuming when asked) and save.
 
     Returns the run summary. Nothing is written to a new output dir before the data, the tokenizer
@@ -189,7 +192,7 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
     """
     import transformers
 
-    session_started = time.time()
+    session_started = time.time() if started is None else started  # wall time counts from the command's start
     training_args = cfg.of(stage.config_class)
     run_args = cfg.of(RunArguments)
     output_dir = training_args.output_dir
@@ -197,6 +200,7 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
     rehearsal = cfg.rehearsal
     if rehearsal is not None and is_main:
         claim_output_dir(output_dir)
+    defaults = dataclass_defaults(cfg.args)
     plan = plan_resume(
         stage.name,
         cfg.values,
@@ -204,6 +208,7 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
         cfg.get("resume_from_checkpoint"),
         run_args.auto_resume,
         run_args.allow_config_change,
+        defaults,
     )
     transformers.set_seed(training_args.seed)
     configure_reporting(training_args, run_args)
@@ -216,7 +221,7 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
             },
         )
     servers: list = []
-    record = fingerprint(stage.name, cfg.values)
+    record = fingerprint(stage.name, cfg.values, defaults)
     clock = FingerprintCallback(record, plan.wall_seconds_before, started=session_started)
     stop = GracefulStop()
     try:
@@ -225,9 +230,11 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
         if stage.wait_for_services is not None:
             stage.wait_for_services(cfg)
         ctx = load_context(stage, cfg)
-        with loading("the model", str(cfg.get("model_name_or_path"))):
+        with building_trainer(stage.name):
             trainer = stage.build_trainer(ctx)
         if is_main:  # the checks passed: now the output dir holds this run
+            if plan.move_aside:
+                move_aside(output_dir)
             kept = (
                 f"resolved_config.before-{Path(plan.checkpoint).name}.yaml" if plan.config_changed else None
             )
@@ -257,6 +264,8 @@ def train(stage: Stage, cfg: ResolvedConfig) -> dict:
         saved = Path(output_dir) / f"checkpoint-{state.global_step}"
         raise Interrupted(stop.signum, state.global_step, str(saved) if saved.is_dir() else None)
     trainer.save_model(output_dir)
+    if is_main:
+        follow_umask(Path(output_dir))
     summary = {
         "stage": stage.name,
         "output_dir": output_dir,
@@ -338,7 +347,10 @@ def split_debug_flag(argv: list[str]) -> tuple[list[str], bool]:
 
 
 def resume_command(stage_name: str, argv: list[str]) -> str:
-    """The command that resumes this run: the same one, with an explicit checkpoint turned into ``last``."""
+    """The command that resumes this run: the same one, with an explicit checkpoint turned into ``last``.
+
+    Under a launcher (``accelerate launch``, ``torchrun``: WORLD_SIZE > 1) only the script's part is known.
+    """
     script = Path(sys.argv[0]).name if sys.argv and sys.argv[0].endswith(".py") else f"{stage_name}.py"
     args = list(argv)
     for i, arg in enumerate(args):
@@ -346,6 +358,8 @@ def resume_command(stage_name: str, argv: list[str]) -> str:
             args[i + 1] = "last"
         elif arg.startswith("--resume_from_checkpoint="):
             args[i] = "--resume_from_checkpoint=last"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"the same launch command, i.e. <launcher> {shlex.join([script, *args])}"
     return shlex.join(["python", script, *args])
 
 
@@ -356,6 +370,7 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
     above it); a finished run is one line and status 0; a signal during training saves a checkpoint and
     prints one line with the command that resumes (status 128 + signal).
     """
+    started = time.time()
     argv = sys.argv[1:] if argv is None else argv
     setup_logging()
     if any(a in ("-h", "--help") for a in argv):
@@ -374,7 +389,7 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
             print(cfg.render(), end="")
             print(f"# dry run: config valid, all validators passed for {stage.name}.py", file=sys.stderr)
             return 0
-        train(stage, cfg)
+        train(stage, cfg, started)
     except DnaConfigError as exc:
         if debug:
             traceback.print_exc()
@@ -384,11 +399,15 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
         logger.info("%s", exc)
         return 0
     except Interrupted as exc:
-        saved = f"saved {exc.checkpoint}" if exc.checkpoint else "no checkpoint was saved"
-        print(
-            f"interrupted: {exc} ({saved}). To resume, rerun: {resume_command(stage_name, argv)}",
-            file=sys.stderr,
-        )
+        if exc.step is not None:
+            saved = f"saved {exc.checkpoint}" if exc.checkpoint else "no checkpoint was saved"
+        else:
+            saved = "a rerun resumes from the newest checkpoint-N on disk, if any"
+        if int(os.environ.get("RANK", "0")) == 0:  # one line per run, not one per rank
+            print(
+                f"interrupted: {exc} ({saved}). To resume, rerun: {resume_command(stage_name, argv)}",
+                file=sys.stderr,
+            )
         return exc.status
     except KeyboardInterrupt:
         if debug:

@@ -178,7 +178,7 @@ def test_cli_set_overrides_every_stage_and_rejects_malformed_pairs(tmp_path, tin
 
 def test_cli_set_references_and_output_dir(tmp_path):
     from dna_factory.errors import DnaConfigError
-    from dna_factory.pipeline import apply_cli_overrides, load_pipeline
+    from dna_factory.pipeline_recipe import apply_cli_overrides, load_pipeline
 
     pipeline = load_pipeline(_recipe(tmp_path, SMALL))
     apply_cli_overrides(pipeline, ["max_steps=2", "report_to=[wandb]"], str(tmp_path / "elsewhere"))
