@@ -592,7 +592,12 @@ def test_async_resume_runs_past_four_epochs_of_a_small_prompt_set(vllm_server, t
 
         # #15 item 5: positions index the filtered prompt stream; a resume whose stream differs is refused.
         (out / "trained_groups.jsonl").rename(out / "kept.jsonl")
-        changed = run_cli(*args, "6", "--max_completion_length", "450", timeout=600)
+        # --allow_config_change passes the run fingerprint (it would refuse the changed key first); the stream
+        # check must still refuse
+        changed = run_cli(
+            *args, "6", "--max_completion_length", "450", "--resume_from_checkpoint", "last", "--allow_config_change",
+            timeout=600,
+        )  # fmt: skip
         assert changed.returncode == 2, changed.stderr[-3000:]
         assert "Dropped 1 of 2 prompts" in changed.stderr
         last = changed.stderr.strip().splitlines()[-1]
