@@ -5,6 +5,8 @@ traceback and exit with status 2; anything else that escapes is a bug and keeps 
 traceback.
 """
 
+import signal
+
 
 class DnaConfigError(ValueError):
     """A problem with the recipe, the CLI flags or the input data, found before training."""
@@ -16,3 +18,14 @@ class DnaServiceError(DnaConfigError):
     Printed like a config error (one line, exit 2): the fix is on the user's side — start the
     server, fix its URL, give it more time — and the message says which.
     """
+
+
+class Interrupted(KeyboardInterrupt):  # a KeyboardInterrupt: no `except Exception` on the way swallows it
+    """Training stopped on a signal: after saving ``checkpoint`` (at ``step``), or at once on a second signal
+    (``step`` None). ``status`` is the process exit status, 128 + the signal."""
+
+    def __init__(self, signum: int, step: int | None, checkpoint: str | None):
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        self.status = 128 + signum
+        name = signal.Signals(signum).name
+        super().__init__(f"{name} at step {step}" if step is not None else f"{name} again: stopped at once")

@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
-
 from dna_factory.errors import DnaConfigError
 
 logger = logging.getLogger(__name__)
@@ -329,23 +327,3 @@ def write_fingerprint(path: Path, record: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(path)
-
-
-class FingerprintCallback(TrainerCallback):
-    """Writes the run's fingerprint and the wall time so far into every checkpoint it saves."""
-
-    def __init__(self, record: dict[str, Any], wall_seconds_before: float, started: float | None = None):
-        self.record = record
-        self.wall_seconds_before = wall_seconds_before
-        self.started = time.time() if started is None else started
-
-    def wall_seconds(self) -> float:
-        return round(self.wall_seconds_before + time.time() - self.started, 2)
-
-    def on_save(self, args, state, control, **kwargs):
-        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if state.is_world_process_zero and checkpoint.is_dir():
-            write_fingerprint(
-                checkpoint / FINGERPRINT_NAME, {**self.record, "wall_seconds": self.wall_seconds()}
-            )
-            follow_umask(checkpoint)

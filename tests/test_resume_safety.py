@@ -13,14 +13,13 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import REPO, cli_env, run_cli
+from tests.conftest import REPO, run_cli, start_cli
 
 SFT = ["--config", "configs/SFT/tiny-cpu.yaml", "--save_steps", "2", "--logging_steps", "1"]
 
@@ -144,17 +143,14 @@ def test_a_signal_saves_a_checkpoint_and_says_how_to_resume(sig, status, tmp_pat
     out = tmp_path / "sft"
     log = tmp_path / "train.log"
     args = [*SFT, "--max_steps", "500", "--save_steps", "1000", "--output_dir", str(out)]
-    with log.open("w") as sink:
-        child = subprocess.Popen(
-            [sys.executable, "sft.py", *args], cwd=REPO, env=cli_env(), stdout=sink, stderr=subprocess.STDOUT
-        )
-        try:
-            _wait_for(log, r"'loss'", child)
-            child.send_signal(sig)
-            status_seen = child.wait(timeout=180)
-        finally:
-            if child.poll() is None:
-                child.kill()
+    child = start_cli("sft.py", *args, log=log)
+    try:
+        _wait_for(log, r"'loss'", child)
+        child.send_signal(sig)
+        status_seen = child.wait(timeout=180)
+    finally:
+        if child.poll() is None:
+            child.kill()
     text = log.read_text(errors="replace")
     assert status_seen == status, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
@@ -280,21 +276,19 @@ def test_ctrl_c_under_the_pipeline_saves_the_stage_and_skips_its_eval(tmp_path, 
     pipeline waits for it and prints one line."""
     log = tmp_path / "pipeline.log"
     out = tmp_path / "pipe"
-    with log.open("w") as sink:
-        child = subprocess.Popen(
-            [sys.executable, "pipeline.py", "--recipe", "configs/recipes/tiny-cpu.yaml", "--only_stage", "sft",
-             "--output_dir", str(out), "--set", "save_steps=5000", "--set", "logging_steps=1",
-             "--set", "eval_baseline=false"],
-            cwd=REPO, env=cli_env(), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        try:
-            _wait_for(log, r"'loss'", child)
-            os.killpg(child.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
-            status = child.wait(timeout=180)
-        finally:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
+    child = start_cli(
+        "pipeline.py", "--recipe", "configs/recipes/tiny-cpu.yaml", "--only_stage", "sft", "--output_dir", str(out),
+        "--set", "save_steps=5000", "--set", "logging_steps=1", "--set", "eval_baseline=false",
+        log=log, new_session=True,
+    )  # fmt: skip
+    try:
+        _wait_for(log, r"'loss'", child)
+        os.killpg(child.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        status = child.wait(timeout=180)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
     text = log.read_text(errors="replace")
     assert status == 130 and "Traceback" not in text, text[-3000:]
     saved = _checkpoints(out / "2-sft")

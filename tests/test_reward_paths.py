@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, cli_env
+from tests.conftest import REPO, cli_env, run_cli
 
 MODULE = textwrap.dedent(
     '''
@@ -62,6 +63,8 @@ def _project(folder: Path, tiny_model: Path, module_dir: Path, **factory_options
 
 def _grpo(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     """``python grpo.py ...`` run by path from ``cwd``, with no PYTHONPATH."""
+    if "PYTHONPATH" not in os.environ:  # the warm interpreter's sys.path has none either
+        return run_cli(str(REPO / "grpo.py"), *args, cwd=cwd)
     env = cli_env()
     env.pop("PYTHONPATH", None)
     return subprocess.run(

@@ -15,7 +15,7 @@ from dna_factory.errors import DnaConfigError
 from dna_factory.teacher_server import TeacherServer
 from dna_factory.vllm_server import VLLMServer
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.own_vllm]
 
 TRUNCATING_DEFAULTS = '{"top_k": 5, "top_p": 0.5}'
 

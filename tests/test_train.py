@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import yaml
 
-from tests.conftest import REPO, cli_env, run_cli
+from tests.conftest import run_cli, start_cli
 
 
 def _summary(out: Path) -> dict:
@@ -88,10 +86,7 @@ def test_resume_after_crash_continues_at_step_2_and_ends_at_max_steps(tmp_path, 
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     out = tmp_path / "crashed"
-    child = subprocess.Popen(
-        [sys.executable, "sft.py", "--config", *args, "--output_dir", str(out)],
-        cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    child = start_cli("sft.py", "--config", *args, "--output_dir", str(out), log=tmp_path / "crashed.log")
     deadline = time.time() + 300
     while not (out / "checkpoint-2" / "trainer_state.json").is_file():
         assert child.poll() is None and time.time() < deadline, "trainer ended before writing checkpoint-2"

@@ -97,6 +97,7 @@ def _cleanup(proc: subprocess.Popen, pgid: int | None) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+@pytest.mark.stops_shared_vllm
 def test_stop_leaves_no_process_of_the_group(vllm_server):
     pgid = vllm_server.pgid
     members = _group_members(pgid)
