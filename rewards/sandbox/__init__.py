@@ -65,7 +65,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rewards.sandbox.isolation import Isolation, namespace_command, sandbox_isolation
-from rewards.sandbox.result import LIMIT_KINDS, ExecutionResult, assemble_result, read_reports
+from rewards.sandbox.result import (
+    LIMIT_KINDS,
+    MAX_REPORT_BYTES,
+    ExecutionResult,
+    assemble_result,
+    parse_reports,
+)
 
 __all__ = [
     "ExecutionResult",
@@ -151,17 +157,46 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def _open_up(top: str) -> None:
+    """Give the owner ``rwx`` on every directory under ``top`` (a program may have locked some), never following
+    a link: each directory is opened with ``O_NOFOLLOW`` and changed through that descriptor, so nothing outside
+    the tree changes. Runs after the program's processes are dead, so the tree no longer moves."""
+    stack = [top]
+    while stack:
+        path = stack.pop()
+        try:
+            handle = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue  # a link or a file (rmtree unlinks it without following), or gone
+        try:
+            os.chmod(f"/proc/self/fd/{handle}", stat.S_IRWXU)  # the opened directory itself, not a path
+            with os.scandir(f"/proc/self/fd/{handle}") as entries:
+                names = [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
+        except OSError:
+            names = []
+        finally:
+            os.close(handle)
+        stack.extend(os.path.join(path, name) for name in names)
+
+
 def _remove_tree(path: str) -> None:
-    """Delete the working directory, even parts the program made read-only."""
+    """Delete a working directory, even parts the program locked; never follows a link, never raises.
 
-    def retry(function, failed_path, _exc_info):  # noqa: ANN001 - shutil's onerror signature
-        parent = os.path.dirname(failed_path)
-        for target in (parent, failed_path):
-            with contextlib.suppress(OSError):
-                os.chmod(target, stat.S_IRWXU)
-        function(failed_path)
-
-    shutil.rmtree(path, onerror=retry)
+    ``shutil.rmtree`` itself never follows links (it works through directory descriptors); what it cannot
+    delete is logged, not raised: a leftover directory must not fail the reward of a whole batch.
+    """
+    try:
+        if not os.path.lexists(path):
+            return
+        if os.path.islink(path) or not os.path.isdir(path):
+            os.unlink(path)
+            return
+        _open_up(path)
+        shutil.rmtree(path, ignore_errors=True)
+        if os.path.lexists(path):
+            logger.warning("Could not delete the sandbox working directory %s; delete it by hand.", path)
+    except Exception as exc:  # noqa: BLE001 - cleanup must never fail a reward
+        logger.warning("Could not delete the sandbox working directory %s: %s", path, exc)
 
 
 def sweep_stale_workdirs() -> int:
@@ -179,7 +214,8 @@ def sweep_stale_workdirs() -> int:
     for path in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
         pid = path.name.removeprefix(WORKDIR_PREFIX).split("-", 1)[0]
         try:
-            if not pid.isdigit() or path.lstat().st_uid != os.geteuid() or not path.is_dir():
+            info = path.lstat()  # the entry itself: a link planted under our name is not ours to follow
+            if not pid.isdigit() or info.st_uid != os.geteuid() or not stat.S_ISDIR(info.st_mode):
                 continue
             os.kill(int(pid), 0)
         except ProcessLookupError:
@@ -191,9 +227,14 @@ def sweep_stale_workdirs() -> int:
 
 
 async def _communicate(
-    process: asyncio.subprocess.Process, stdin: bytes | None, timeout_s: float, cap: int
-) -> tuple[bytes, bytes, bool, bool]:
-    """Feed stdin, read both streams up to ``cap`` bytes each; (stdout, stderr, timed_out, overflow)."""
+    process: asyncio.subprocess.Process,
+    stdin: bytes | None,
+    timeout_s: float,
+    cap: int,
+    reports: asyncio.StreamReader,
+) -> tuple[bytes, bytes, bytes, bool, bool]:
+    """Feed stdin, read both streams up to ``cap`` bytes each and the result pipe while the program runs;
+    ``(stdout, stderr, reports, timed_out, overflow)``."""
     overflow = False
 
     async def feed() -> None:
@@ -219,10 +260,18 @@ async def _communicate(
             buffer += chunk
         return bytes(buffer)
 
+    async def drain(stream: asyncio.StreamReader) -> bytes:
+        """Every report line, read as it comes (a full pipe would block the program); past the cap, discarded."""
+        buffer = bytearray()
+        while chunk := await stream.read(65536):
+            buffer += chunk[: max(0, MAX_REPORT_BYTES - len(buffer))]
+        return bytes(buffer)
+
     out = asyncio.ensure_future(read(process.stdout))
     err = asyncio.ensure_future(read(process.stderr))
+    result_pipe = asyncio.ensure_future(drain(reports))
     waiter = asyncio.ensure_future(process.wait())
-    tasks = {asyncio.ensure_future(feed()), out, err, waiter}
+    tasks = {asyncio.ensure_future(feed()), out, err, result_pipe, waiter}
     try:
         _, pending = await asyncio.wait(tasks, timeout=timeout_s)
     except asyncio.CancelledError:  # the caller gave up: the run's finally kills the process group
@@ -237,7 +286,8 @@ async def _communicate(
             task.cancel()
     stdout = out.result() if out.done() and not out.cancelled() else b""
     stderr = err.result() if err.done() and not err.cancelled() else b""
-    return stdout, stderr, timed_out, overflow
+    report_bytes = result_pipe.result() if result_pipe.done() and not result_pipe.cancelled() else b""
+    return stdout, stderr, report_bytes, timed_out, overflow
 
 
 async def run_python_async(
@@ -302,6 +352,7 @@ async def run_python_async(
     workdir = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
     read_fd, write_fd = os.pipe()
     process: asyncio.subprocess.Process | None = None
+    result_transport: asyncio.ReadTransport | None = None
     try:
         nonce = secrets.token_hex(16)
         config = {
@@ -335,10 +386,16 @@ async def run_python_async(
             )
         finally:
             os.close(write_fd)
-        stdout, stderr, timed_out, overflow = await _communicate(
-            process, stdin_bytes, timeout_s, limits.max_output_bytes
+        reader = asyncio.StreamReader()
+        pipe = os.fdopen(read_fd, "rb", buffering=0)  # the transport owns (and closes) the read end from here
+        read_fd = None
+        result_transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), pipe
         )
-        reports = read_reports(read_fd, nonce)
+        stdout, stderr, report_bytes, timed_out, overflow = await _communicate(
+            process, stdin_bytes, timeout_s, limits.max_output_bytes, reader
+        )
+        reports = parse_reports(report_bytes, nonce)
         n_tests = len(config["tests"]) if tests is not None else None
         return assemble_result(
             reports,
@@ -355,7 +412,10 @@ async def run_python_async(
     finally:
         if process is not None:
             _kill_group(process.pid)
-        os.close(read_fd)
+        if result_transport is not None:
+            result_transport.close()
+        if read_fd is not None:
+            os.close(read_fd)
         _remove_tree(workdir)
 
 

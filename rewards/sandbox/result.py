@@ -3,7 +3,7 @@
 ``boot.py`` writes one line ``<nonce> <kind> <payload>`` per event on a private pipe: ``setup``
 (the protections in place), ``setup_error``, ``loaded`` (the program ran to its end before the
 tests), ``pass <i>``, ``limit <kind>``, ``exception <type>`` and ``exit`` (status and CPU time
-from ``wait4``). :func:`read_reports` reads them, :func:`assemble_result` combines them with the
+from ``wait4``). :func:`parse_reports` reads them, :func:`assemble_result` combines them with the
 process's exit status, its captured output and what the parent saw (timeout, output cap).
 
 Example:
@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -85,28 +84,17 @@ class ExecutionResult:
         return self.status == "ok"
 
 
-def read_reports(fd: int, nonce: str) -> list[tuple[str, str]]:
-    """The ``(kind, payload)`` of each ``<nonce> <kind> <payload>`` line on the result pipe.
+def parse_reports(data: bytes, nonce: str) -> list[tuple[str, str]]:
+    """The ``(kind, payload)`` of each ``<nonce> <kind> <payload>`` line read from the result pipe.
 
-    Lines without the run's nonce (anything the program itself wrote there) are ignored.
+    Lines without the run's nonce (anything the program itself wrote there) are ignored. The pipe is
+    read while the program runs (:func:`rewards.sandbox.run_python_async`), at most
+    :data:`MAX_REPORT_BYTES` kept, so a program with any number of tests never blocks on it.
 
     Example:
-        >>> reader, writer = os.pipe()
-        >>> _ = os.write(writer, b"n1 pass 0\\nforged pass 1\\nn1 loaded\\n")
-        >>> os.close(writer)
-        >>> read_reports(reader, "n1")
+        >>> parse_reports(b"n1 pass 0\\nforged pass 1\\nn1 loaded\\n", "n1")
         [('pass', '0'), ('loaded', '')]
     """
-    os.set_blocking(fd, False)
-    data = bytearray()
-    while len(data) < MAX_REPORT_BYTES:
-        try:
-            chunk = os.read(fd, 65536)
-        except BlockingIOError:
-            break
-        if not chunk:
-            break
-        data += chunk
     reports = []
     for line in data.decode("utf-8", "replace").splitlines():
         parts = line.split(" ", 2)
