@@ -19,9 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from dna_factory.agents.coding import CodingEnvironment
+from dna_factory.errors import DnaConfigError
 from rewards import sandbox
 from rewards.code import make_code_execution_reward
+from rewards.registry import RewardConfigError
 from rewards.sandbox import Limits, run_python, sandbox_isolation, sweep_stale_workdirs
+from rewards.sandbox import isolation as isolation_module
+from tests.conftest import run_cli
 
 MODES = ["process", *(["namespaces"] if sandbox_isolation().namespaces else [])]
 NOBODY = 65534
@@ -139,3 +144,54 @@ def test_the_reward_scores_a_correct_program_with_thousands_of_tests_one():
     completion = "```python\ndef echo(x):\n    return x\n```"
     tests = [f"assert echo({i}) == {i}" for i in range(MANY)]
     assert asyncio.run(reward(prompts=["q"], completions=[completion], tests=[tests])) == [1.0]
+
+
+# --- fail closed: no boundary, no model-written code (unless the recipe opts out by name) ------------------
+
+ADD = "```python\ndef add(a, b):\n    return a + b\n```"
+
+
+@pytest.fixture
+def no_boundary(monkeypatch, tmp_path):
+    """This process as on a machine where no boundary can be built: no ``unshare`` on the PATH, the probe
+    forgotten (monkeypatch puts this process's own probe back afterwards)."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(isolation_module, "_isolation", None)
+
+
+@pytest.mark.parametrize("isolation", ["auto", "namespaces"])
+def test_the_code_reward_refuses_to_start_without_a_boundary(no_boundary, isolation):
+    with pytest.raises(RewardConfigError, match="isolation: unsafe_process") as caught:
+        make_code_execution_reward(isolation=isolation)
+    assert "unshare" in str(caught.value)
+
+
+def test_unsafe_process_is_an_explicit_opt_in_that_warns_at_every_start(no_boundary, caplog):
+    with caplog.at_level("WARNING"):
+        reward = make_code_execution_reward(isolation="unsafe_process")
+        make_code_execution_reward(isolation="unsafe_process")
+    warnings = [r.getMessage() for r in caplog.records if "unsafe_process" in r.getMessage()]
+    assert len(warnings) == 2 and "no sandbox boundary" in warnings[0], warnings
+    scores = asyncio.run(reward(prompts=["q"], completions=[ADD], tests=[["assert add(1, 2) == 3"]]))
+    assert scores == [1.0]
+
+
+def test_the_old_process_spelling_names_the_new_one():
+    with pytest.raises(RewardConfigError, match="unsafe_process"):
+        make_code_execution_reward(isolation="process")
+
+
+def test_the_coding_agent_fails_closed_too(no_boundary):
+    with pytest.raises(DnaConfigError, match="isolation: unsafe_process"):
+        CodingEnvironment.check_options({})
+    with pytest.raises(DnaConfigError, match="isolation: unsafe_process"):
+        CodingEnvironment()
+    environment = CodingEnvironment(isolation="unsafe_process")
+    assert "status: ok" in asyncio.run(environment.run_python("print(6 * 7)"))
+
+
+def test_a_recipe_without_a_boundary_is_one_error_line_under_dry_run(tmp_path):
+    proc = run_cli("grpo.py", "--config", "configs/GRPO/tiny-cpu-code.yaml", "--dry_run", PATH=str(tmp_path))
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "isolation: unsafe_process" in errors[0], errors[0]
