@@ -110,7 +110,9 @@ async def _latencies(tasks: list[dict], concurrency: int, isolation: str) -> lis
 
 
 def bench_code(tasks: list[dict], batch: int, concurrency: int, isolation: str) -> dict:
-    reward = make_code_execution_reward(timeout_s=20, concurrency=concurrency, isolation=isolation)
+    # a recipe names the unconfined mode unsafe_process; run_python (the latencies below) calls it process
+    policy = "unsafe_process" if isolation == "process" else isolation
+    reward = make_code_execution_reward(timeout_s=20, concurrency=concurrency, isolation=policy)
     scores: list[float | None] = []
     start = time.perf_counter()
     for i in range(0, len(tasks), batch):

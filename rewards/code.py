@@ -66,7 +66,7 @@ from typing import Any
 
 from rewards.interface import column, completion_text, label_mask
 from rewards.registry import RewardConfigError
-from rewards.sandbox import ISOLATIONS, ExecutionResult, Limits, run_python_async
+from rewards.sandbox import ExecutionResult, Limits, boundary_for, run_python_async
 
 logger = logging.getLogger(__name__)
 
@@ -436,8 +436,9 @@ def make_code_execution_reward(
         max_output_bytes: Captured stdout/stderr per run; more kills the run.
         concurrency: Sandbox runs at once for this reward (calls overlapping on one event loop
             share the bound); default ``min(8, CPU count)``.
-        isolation: ``auto`` (namespaces where this machine allows them), ``namespaces`` or
-            ``process``; see :mod:`rewards.sandbox`.
+        isolation: ``auto`` or ``namespaces`` (the namespace boundary; where this machine cannot build it,
+            the reward refuses to start), or ``unsafe_process`` (no boundary, a warning at every start); see
+            :func:`rewards.sandbox.boundary_for`.
         only_label: Score only rows whose ``label`` equals this; others get None.
         name: The reward's ``__name__`` (TRL's metric prefix); default ``code_execution``.
 
@@ -445,15 +446,18 @@ def make_code_execution_reward(
         A picklable async callable with TRL's reward signature.
 
     Raises:
-        RewardConfigError: For an unknown ``code_block`` or ``isolation``, or a non-positive number.
+        RewardConfigError: For an unknown ``code_block`` or ``isolation``, no sandbox boundary (see
+            ``isolation``), or a non-positive number.
 
     Example:
         >>> reward = make_code_execution_reward(tests_column="test_list", all_or_nothing=True)
         >>> reward.required_columns(), reward.__name__
         ({'test_list'}, 'code_execution')
     """
-    if isolation not in ISOLATIONS:
-        raise RewardConfigError(f"Unknown isolation {isolation!r}. Use one of: {', '.join(ISOLATIONS)}.")
+    try:
+        isolation = boundary_for(isolation, f"code reward {name or 'code_execution'!r}")
+    except ValueError as exc:
+        raise RewardConfigError(str(exc)) from None
     if code_block not in CODE_BLOCKS:
         raise RewardConfigError(f"Unknown code_block {code_block!r}. Use one of: {', '.join(CODE_BLOCKS)}.")
     if concurrency is None:

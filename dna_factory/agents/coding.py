@@ -58,7 +58,8 @@ class CodingEnvironment(Environment):
         cpu_s: CPU seconds per run.
         memory_mb: Address-space limit per run, in MiB.
         max_output_chars: Characters of stdout and of stderr shown to the model, each.
-        isolation: ``auto``, ``namespaces`` or ``process`` (see ``rewards.sandbox``).
+        isolation: ``auto`` or ``namespaces`` (refuses to start where no boundary can be built), or
+            ``unsafe_process`` (no boundary; a warning at every start). See ``rewards.sandbox.boundary_for``.
     """
 
     def __init__(
@@ -80,17 +81,13 @@ class CodingEnvironment(Environment):
             cpu_s=cpu_s, memory_mb=memory_mb, max_output_bytes=max(4 * max_output_chars, 4096)
         )
         self.max_output_chars = max_output_chars
-        self.isolation = isolation
+        self.isolation = self._boundary(isolation)
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
-        from rewards.sandbox import ISOLATIONS, Limits
+        from rewards.sandbox import Limits
 
-        isolation = options.get("isolation", "auto")
-        if isolation not in ISOLATIONS:
-            raise DnaConfigError(
-                f"environment_options.isolation is {isolation!r}. Use one of: {', '.join(ISOLATIONS)}."
-            )
+        cls._boundary(options.get("isolation", "auto"))
         for key in ("timeout_s", "max_output_chars"):
             if key in options and not options[key] > 0:
                 raise DnaConfigError(f"environment_options.{key} must be above 0, not {options[key]!r}.")
@@ -98,6 +95,16 @@ class CodingEnvironment(Environment):
             Limits(cpu_s=options.get("cpu_s", 5.0), memory_mb=options.get("memory_mb", 1024))
         except ValueError as exc:
             raise DnaConfigError(f"environment_options: {exc}") from None
+
+    @staticmethod
+    def _boundary(isolation: str) -> str:
+        """The sandbox isolation for ``environment_options.isolation``, failing closed (``rewards.sandbox.boundary_for``)."""
+        from rewards.sandbox import boundary_for
+
+        try:
+            return boundary_for(isolation, "the Coding Agent (environment_options.isolation)")
+        except ValueError as exc:
+            raise DnaConfigError(str(exc)) from None
 
     @tool
     async def run_python(self, code: str, stdin: str = "") -> str:

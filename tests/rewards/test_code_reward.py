@@ -301,7 +301,11 @@ def test_escapes_score_zero_through_the_reward(mode, monkeypatch):
         f"open({str(REPO / 'tests' / 'escape.txt')!r}, 'w').write('x')",
     ]
     reward = make_code_execution_reward(
-        timeout_s=3, cpu_s=1, memory_mb=512, max_output_bytes=10_000, isolation=mode
+        timeout_s=3,
+        cpu_s=1,
+        memory_mb=512,
+        max_output_bytes=10_000,
+        isolation="unsafe_process" if mode == "process" else mode,  # a recipe names the unconfined mode
     )
     completions = [f"```python\n{attack}\n```" for attack in attacks]
     metrics = {}

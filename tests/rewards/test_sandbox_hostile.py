@@ -166,14 +166,24 @@ def test_the_code_reward_refuses_to_start_without_a_boundary(no_boundary, isolat
     assert "unshare" in str(caught.value)
 
 
-def test_unsafe_process_is_an_explicit_opt_in_that_warns_at_every_start(no_boundary, caplog):
+def test_unsafe_process_is_an_explicit_opt_in_that_warns_once_per_run(no_boundary, caplog):
     with caplog.at_level("WARNING"):
-        reward = make_code_execution_reward(isolation="unsafe_process")
-        make_code_execution_reward(isolation="unsafe_process")
+        reward = make_code_execution_reward(isolation="unsafe_process", name="unsafe_probe")
+        make_code_execution_reward(isolation="unsafe_process", name="unsafe_probe")  # no second warning
     warnings = [r.getMessage() for r in caplog.records if "unsafe_process" in r.getMessage()]
-    assert len(warnings) == 2 and "no sandbox boundary" in warnings[0], warnings
+    assert len(warnings) == 1 and "no sandbox boundary" in warnings[0], warnings
     scores = asyncio.run(reward(prompts=["q"], completions=[ADD], tests=[["assert add(1, 2) == 3"]]))
     assert scores == [1.0]
+
+
+def test_every_start_of_an_unsafe_recipe_warns():
+    unsafe = "[{factory: code_execution, isolation: unsafe_process}]"
+    for _ in range(2):
+        proc = run_cli(
+            "grpo.py", "--config", "configs/GRPO/tiny-cpu-code.yaml", "--reward_funcs", unsafe, "--dry_run"
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "isolation: unsafe_process: model-written code runs with no sandbox boundary" in proc.stderr
 
 
 def test_the_old_process_spelling_names_the_new_one():
