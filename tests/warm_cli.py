@@ -95,7 +95,9 @@ def _child(request: dict) -> None:
         else:  # `python script.py args`: the script's folder first on sys.path
             sys.argv = argv
             sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-            runpy.run_path(argv[0], run_name="__main__")
+            runpy.run_path(
+                os.path.abspath(argv[0]), run_name="__main__"
+            )  # __main__.__file__ is absolute (3.9+)
         code = 0
     except SystemExit as exc:
         if exc.code is None:
