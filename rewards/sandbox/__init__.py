@@ -64,7 +64,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rewards.sandbox.isolation import Isolation, namespace_command, sandbox_isolation
+from rewards.sandbox.isolation import (
+    POLICIES,
+    Isolation,
+    NoBoundaryError,
+    boundary_for,
+    namespace_command,
+    sandbox_isolation,
+)
 from rewards.sandbox.result import (
     LIMIT_KINDS,
     MAX_REPORT_BYTES,
@@ -100,62 +107,6 @@ WORKDIR_PREFIX = "dna-sandbox-"
 """Working directories are ``<tempdir>/dna-sandbox-<caller pid>-<random>``."""
 ISOLATIONS = ("auto", "namespaces", "process")
 """What :func:`run_python` accepts (``auto`` falls back to ``process`` where namespaces cannot be made)."""
-POLICIES = ("auto", "namespaces", "unsafe_process")
-"""What a recipe may set as the code reward's or the Coding Agent's ``isolation`` (:func:`boundary_for`)."""
-
-
-_warned_unsafe: set[str] = set()
-
-
-class NoBoundaryError(ValueError):
-    """No sandbox boundary can be built here, and the recipe did not opt into ``isolation: unsafe_process``."""
-
-
-def boundary_for(policy: str, who: str) -> str:
-    """The :func:`run_python` isolation for a recipe's ``isolation`` setting, failing closed.
-
-    ``auto`` and ``namespaces`` need the namespace boundary (probed once per process by
-    :func:`sandbox_isolation`) and raise :class:`NoBoundaryError` where it cannot be built, instead of
-    running model-written code without one. ``unsafe_process`` runs plain processes: rlimits, seccomp and
-    an audit hook, which is no boundary (the program can read what the trainer's user can read), and
-    says so in a warning at every start (once per process for each ``who``).
-
-    Args:
-        policy: One of :data:`POLICIES`.
-        who: What asks, for the messages (``code reward 'code_execution'``, ``the Coding Agent``).
-
-    Raises:
-        NoBoundaryError: ``auto`` or ``namespaces`` where namespaces cannot be created.
-        ValueError: An unknown ``policy``; ``process`` names its new spelling.
-    """
-    if policy == "process":
-        raise ValueError(
-            f"{who}: isolation 'process' is now spelled 'unsafe_process': it runs model-written code without a "
-            "sandbox boundary. Write isolation: unsafe_process if that is what you want, or auto."
-        )
-    if policy not in POLICIES:
-        raise ValueError(f"{who}: unknown isolation {policy!r}. Use one of: {', '.join(POLICIES)}.")
-    if policy == "unsafe_process":
-        if who in _warned_unsafe:  # once per run (process) and user: environments are built per rollout
-            return "process"
-        _warned_unsafe.add(who)
-        logger.warning(
-            "%s runs with isolation: unsafe_process: model-written code runs with no sandbox boundary, as plain "
-            "processes under rlimits, seccomp and a Python audit hook. It can read whatever this user can read "
-            "(tokens, keys, other runs). Use it only where the whole machine or container is disposable.",
-            who,
-        )
-        return "process"
-    found = sandbox_isolation()
-    if not found.namespaces:
-        raise NoBoundaryError(
-            f"{who}: no sandbox boundary can be built on this machine ({found.reason}), so model-written code "
-            "will not run. Allow user namespaces (install util-linux; in Docker run with --security-opt "
-            "seccomp=unconfined), or set isolation: unsafe_process to run it without a boundary (docs/rewards.md)."
-        )
-    return "namespaces"
-
-
 _SANDBOX_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",

@@ -2,7 +2,8 @@
 
 :func:`sandbox_isolation` runs ``print('ok')`` under ``unshare`` (see :mod:`rewards.sandbox`);
 when that works every ``isolation="auto"`` run uses fresh namespaces, otherwise plain processes,
-with one warning that says why and what to change.
+with one warning that says why and what to change. :func:`boundary_for` is the recipes' side of it:
+the code reward and the Coding Agent fail closed where namespaces cannot be made.
 
 Example:
     >>> sandbox_isolation().namespaces in (True, False)
@@ -113,3 +114,59 @@ def _report(protections: frozenset[str]) -> None:
             "covered), so only the Python audit hook refuses sockets, new processes and signals; "
             "ctypes or C extensions can get past it. Run the trainer on x86_64/aarch64 or in a VM."
         )
+
+
+POLICIES = ("auto", "namespaces", "unsafe_process")
+"""What a recipe may set as the code reward's or the Coding Agent's ``isolation`` (:func:`boundary_for`)."""
+
+
+_warned_unsafe: set[str] = set()
+
+
+class NoBoundaryError(ValueError):
+    """No sandbox boundary can be built here, and the recipe did not opt into ``isolation: unsafe_process``."""
+
+
+def boundary_for(policy: str, who: str) -> str:
+    """The :func:`run_python` isolation for a recipe's ``isolation`` setting, failing closed.
+
+    ``auto`` and ``namespaces`` need the namespace boundary (probed once per process by
+    :func:`sandbox_isolation`) and raise :class:`NoBoundaryError` where it cannot be built, instead of
+    running model-written code without one. ``unsafe_process`` runs plain processes: rlimits, seccomp and
+    an audit hook, which is no boundary (the program can read what the trainer's user can read), and
+    says so in a warning at every start (once per process for each ``who``).
+
+    Args:
+        policy: One of :data:`POLICIES`.
+        who: What asks, for the messages (``code reward 'code_execution'``, ``the Coding Agent``).
+
+    Raises:
+        NoBoundaryError: ``auto`` or ``namespaces`` where namespaces cannot be created.
+        ValueError: An unknown ``policy``; ``process`` names its new spelling.
+    """
+    if policy == "process":
+        raise ValueError(
+            f"{who}: isolation 'process' is now spelled 'unsafe_process': it runs model-written code without a "
+            "sandbox boundary. Write isolation: unsafe_process if that is what you want, or auto."
+        )
+    if policy not in POLICIES:
+        raise ValueError(f"{who}: unknown isolation {policy!r}. Use one of: {', '.join(POLICIES)}.")
+    if policy == "unsafe_process":
+        if who in _warned_unsafe:  # once per run (process) and user: environments are built per rollout
+            return "process"
+        _warned_unsafe.add(who)
+        logger.warning(
+            "%s runs with isolation: unsafe_process: model-written code runs with no sandbox boundary, as plain "
+            "processes under rlimits, seccomp and a Python audit hook. It can read whatever this user can read "
+            "(tokens, keys, other runs). Use it only where the whole machine or container is disposable.",
+            who,
+        )
+        return "process"
+    found = sandbox_isolation()
+    if not found.namespaces:
+        raise NoBoundaryError(
+            f"{who}: no sandbox boundary can be built on this machine ({found.reason}), so model-written code "
+            "will not run. Allow user namespaces (install util-linux; in Docker run with --security-opt "
+            "seccomp=unconfined), or set isolation: unsafe_process to run it without a boundary (docs/rewards.md)."
+        )
+    return "namespaces"
