@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from dna_factory.runner import main
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 
 USER = {"role": "user", "content": "What is 1 + 1?"}
 GOOD_ROW = {
@@ -192,3 +194,10 @@ def test_an_unreachable_hub_fails_at_once_not_after_retries(tmp_path, tiny_model
     line = _one_error_line(proc)
     assert "http://127.0.0.1:9 cannot be reached" in line and "HF_ENDPOINT" in line, line
     assert "Retry" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_importing_the_runner_loads_no_torch_transformers_or_trl():
+    """--help, config errors and the warm test interpreter's start-up pay for the heavy stack only when training."""
+    code = "import sys, dna_factory.runner; print(sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", (proc.stdout, proc.stderr[-2000:])
