@@ -26,3 +26,8 @@ _requested: list[int] = []  # the signal this process was asked to stop on, once
 def stop_requested() -> bool:
     """True once SIGINT or SIGTERM asked this training process to stop (checkpoint eval skips its work then)."""
     return bool(_requested)
+
+
+def note_stop_request(signum: int) -> None:
+    """Record that this process was asked to stop on ``signum`` (:class:`~dna_factory.run_callbacks.GracefulStop`)."""
+    _requested.append(signum)

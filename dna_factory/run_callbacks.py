@@ -17,7 +17,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from dna_factory.errors import Interrupted
-from dna_factory.interrupt import SIGNALS, _requested
+from dna_factory.interrupt import SIGNALS, note_stop_request
 from dna_factory.resume import FINGERPRINT_NAME, follow_umask, write_fingerprint
 
 logger = logging.getLogger("dna_factory.interrupt")
@@ -47,7 +47,7 @@ class GracefulStop(TrainerCallback):
             self.restore()
             raise Interrupted(signum, None, None)
         self.signum = signum
-        _requested.append(signum)
+        note_stop_request(signum)
         logger.warning(
             "%s: finishing this step and saving a checkpoint, then stopping (send it again to stop at once).",
             signal.Signals(signum).name,

@@ -107,6 +107,7 @@ WORKDIR_PREFIX = "dna-sandbox-"
 """Working directories are ``<tempdir>/dna-sandbox-<caller pid>-<random>``."""
 ISOLATIONS = ("auto", "namespaces", "process")
 """What :func:`run_python` accepts (``auto`` falls back to ``process`` where namespaces cannot be made)."""
+
 _SANDBOX_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
