@@ -1,0 +1,208 @@
+"""Verdicts a program cannot forge (#17, item 1): wrong code scores 0.0 however it attacks the test run.
+
+Each program below is wrong (``add`` does not add) and tries one way to score anyway, the ways a policy under
+RL pressure finds: objects that equal everything, patched builtins, the report channel and its nonce dug out
+of memory, the hidden tests read through frames or ``gc``. The tests run in an interpreter of their own that
+never executes the program's code, so every one of these scores 0.0, while correct code, MBPP classes
+(``Pair(...)``), HumanEval ``check(candidate)`` scripts and values of every plain type still pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rewards.code import make_code_execution_reward
+from rewards.sandbox import run_python, sandbox_isolation
+
+MODES = ["unsafe_process", *(["namespaces"] if sandbox_isolation().namespaces else [])]
+TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(0, 0) == 0"]
+
+ATTACKS = {
+    "always_equal": """
+class Yes:
+    def __eq__(self, other):
+        return True
+    __hash__ = object.__hash__
+def add(a, b):
+    return Yes()
+""",
+    "patched_exec": """
+import builtins
+def add(a, b):
+    return -1
+builtins.exec = lambda *args, **kwargs: None
+""",
+    "patched_compile": """
+import builtins
+def add(a, b):
+    return -1
+real = builtins.compile
+builtins.compile = lambda source, name, mode, *a, **k: real("pass", name, mode)
+""",
+    "nonce_from_gc": """
+import gc, os, sys
+def add(a, b):
+    return -1
+for obj in gc.get_objects():
+    if isinstance(obj, dict) and "nonce" in obj and "tests" in obj:
+        for fd in range(3, 64):
+            for i in range(len(obj["tests"])):
+                try:
+                    os.write(fd, f"{obj['nonce']} pass {i}\\n".encode())
+                    os.write(fd, f"{obj['nonce']} loaded\\n".encode())
+                except OSError:
+                    pass
+""",
+    "reporter_from_gc": """
+import gc
+def add(a, b):
+    return -1
+for obj in gc.get_objects():
+    if hasattr(type(obj), "send") and type(obj).__name__ == "Channel":
+        for i in range(3):
+            obj.send("pass", str(i))
+""",
+    "patched_boot_module": """
+import __main__, sys
+def add(a, b):
+    return -1
+boot = sys.modules.get("__main__")
+for name in dir(boot):
+    value = getattr(boot, name)
+    if name == "traceback":
+        class Quiet:
+            @staticmethod
+            def print_exc(*a, **k):
+                pass
+        setattr(boot, name, Quiet)
+if hasattr(boot, "_report_exception"):
+    def forge(channel, exc):
+        channel.send("pass", "0"); channel.send("pass", "1"); channel.send("pass", "2")
+    boot._report_exception = forge
+""",
+    "tests_from_frames": """
+import sys, re
+table = {}
+frame = sys._getframe()
+while frame is not None:
+    for value in list(frame.f_locals.values()):
+        if isinstance(value, dict) and isinstance(value.get("tests"), list):
+            for test in value["tests"]:
+                found = re.match(r"assert add\\((\\d+), (\\d+)\\) == (\\d+)", test)
+                if found:
+                    table[(int(found[1]), int(found[2]))] = int(found[3])
+    frame = frame.f_back
+def add(a, b):
+    return table.get((a, b), -1)
+""",
+    "nonce_from_parent_memory": """
+import os, re
+def add(a, b):
+    return -1
+found = set()
+for pid in {os.getppid(), 1}:
+    try:
+        maps = open(f"/proc/{pid}/maps").read().splitlines()
+        with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+            for line in maps:
+                span, perms = line.split()[:2]
+                if not perms.startswith("rw"):
+                    continue
+                start, end = (int(x, 16) for x in span.split("-"))
+                if end - start > 64 << 20:
+                    continue
+                try:
+                    mem.seek(start)
+                    found.update(re.findall(rb"[0-9a-f]{32}", mem.read(end - start)))
+                except OSError:
+                    pass
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                out = os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY)
+            except OSError:
+                continue
+            for nonce in found:
+                for i in range(3):
+                    os.write(out, nonce + f" pass {i}\\n".encode())
+    except OSError:
+        pass
+""",
+}
+
+
+def _score(program: str, tests: list[str], isolation: str) -> float | None:
+    reward = make_code_execution_reward(timeout_s=20, isolation=isolation)
+    completion = f"```python\n{program}\n```"
+    return asyncio.run(reward(prompts=["q"], completions=[completion], tests=[tests]))[0]
+
+
+@pytest.mark.parametrize("isolation", MODES)
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_wrong_code_scores_zero_however_it_attacks_the_verdict(attack, isolation):
+    assert _score(ATTACKS[attack], TESTS, isolation) == 0.0
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_correct_code_of_every_test_shape_still_passes(isolation):
+    """Plain values of every kind cross, program objects work as opaque handles (MBPP's ``Pair``), globals and
+    modules the program imported are visible to the tests, and a HumanEval check script passes."""
+    program = """
+import math
+from collections import Counter
+LIMIT = 10
+class Pair:
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+def max_chain_length(pairs, n):
+    pairs = sorted(pairs, key=lambda p: p.a)
+    return sum(1 for p in pairs if p.b > p.a)
+def shapes():
+    return [1, 2.5, "s", b"b", (1, (2,)), {"k": [None, True]}, {1, 2}, frozenset({3}), 2 ** 100, complex(1, 2)]
+def counts(text):
+    return dict(Counter(text))
+def numbers(n):
+    return (i * i for i in range(n))
+def fails():
+    raise ValueError("nope")
+class Stack:
+    def __init__(self):
+        self.items = []
+    def push(self, x):
+        self.items.append(x)
+        return len(self.items)
+"""
+    tests = [
+        "assert max_chain_length([Pair(5, 24), Pair(15, 25), Pair(27, 40), Pair(50, 60)], 4) == 4",
+        "assert shapes() == [1, 2.5, 's', b'b', (1, (2,)), {'k': [None, True]}, {1, 2}, frozenset({3}), 2 ** 100, "
+        "1 + 2j]",
+        "assert counts('aab') == {'a': 2, 'b': 1}",
+        "assert list(numbers(4)) == [0, 1, 4, 9] and sum(numbers(3)) == 5",
+        "assert LIMIT == 10 and math.isclose(math.sqrt(2) ** 2, 2)",
+        "try:\n    fails()\nexcept ValueError as exc:\n    assert 'nope' in str(exc)\nelse:\n    raise AssertionError",
+        "s = Stack()\nassert s.push(1) == 1 and s.push(2) == 2 and s.items == [1, 2]",
+        "p = Pair(1, 2)\nassert p == p and p != Pair(1, 2)",
+    ]
+    assert _score(program, tests, isolation) == 1.0
+    humaneval = "def check(candidate):\n    assert candidate([1, 2]) == 3\n    assert abs(candidate([0.5]) - 0.5) < 1e-9\n"
+    reward = make_code_execution_reward(timeout_s=20, isolation=isolation)
+    completion = "```python\ndef total(xs):\n    return sum(xs)\n```"
+    scores = asyncio.run(
+        reward(prompts=["q"], completions=[completion], tests=[humaneval], entry_point=["total"])
+    )
+    assert scores == [1.0]
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_a_value_that_cannot_cross_fails_its_test_only(isolation):
+    """A program object compared with a plain value is not equal to it; the other tests still count."""
+    program = "def f():\n    return object()\ndef g():\n    return 2\n"
+    assert _score(program, ["assert f() == 1", "assert g() == 2"], isolation) == 0.5
+
+
+def test_program_exit_or_crash_mid_tests_fails_the_rest():
+    program = "import os\ndef add(a, b):\n    if a == 2:\n        os._exit(0)\n    return a + b\n"
+    result = run_python(program, tests=TESTS, timeout_s=20)
+    assert result.tests_passed == (True, False, False)
+    assert result.status == "error"
