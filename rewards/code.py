@@ -8,7 +8,7 @@ Row columns (``tests_column``, default ``tests``; one of these shapes per row):
 
 ==================================== ==========================================================
 ``["assert f(1) == 2", ...]``        assert-style tests (MBPP's ``test_list``): each string runs
-                                     after the program, in its globals; one test each
+                                     after the program, against its globals; one test each
 ``"def check(candidate): ..."``      one test script run after the program (HumanEval's
                                      ``test``); with an ``entry_point`` column it ends with
                                      ``check(<entry_point>)``
@@ -19,8 +19,10 @@ Row columns (``tests_column``, default ``tests``; one of these shapes per row):
 ==================================== ==========================================================
 
 With asserts or a test script the program runs as module ``solution`` (its ``if __name__ ==
-"__main__":`` block stays quiet, as in the HumanEval and MBPP harnesses); with stdin/stdout cases
-it runs as ``__main__``.
+"__main__":`` block stays quiet, as in the HumanEval and MBPP harnesses) and the tests run in a
+separate process that never executes the program's code: they call its functions through a channel
+that carries plain values only (:mod:`rewards.sandbox.channel`), so the program cannot forge a
+verdict. With stdin/stdout cases it runs as ``__main__`` and its output is compared here.
 
 A string holding JSON (``"[...]"`` or ``"{...}"``) is decoded first, so datasets that store
 tests as JSON text work. Outputs match when they are equal after stripping trailing whitespace

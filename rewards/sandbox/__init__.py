@@ -64,6 +64,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from rewards.sandbox import channel as _channel  # noqa: F401 - compiled here once: boot.py loads the bytecode
+from rewards.sandbox import seccomp as _seccomp  # noqa: F401 - the same
 from rewards.sandbox.isolation import (
     POLICIES,
     Isolation,
@@ -316,11 +318,12 @@ async def run_python_async(
     Args:
         code: The program's source.
         stdin: Text or bytes for its standard input (empty when None).
-        tests: Snippets run one by one after ``code`` in the same globals (e.g. ``assert`` lines);
-            ``code`` then runs as module ``solution``, so its ``__main__`` block does not run.
-            A test passes when it runs to its end; each pass is reported on a private pipe with a
-            random nonce, so a program cannot fake one by printing or exiting early. With tests,
-            the exit status is 0 only when every test passed.
+        tests: Snippets run one by one after ``code`` (e.g. ``assert`` lines); ``code`` then runs as
+            module ``solution``, so its ``__main__`` block does not run. The tests run in a process of
+            their own that never executes the program's code and sees its globals through
+            :mod:`rewards.sandbox.channel` (plain values only). A test passes when it runs to its end;
+            the tests' process reports each pass on a private pipe with a random nonce the program's
+            process never holds. With tests, the exit status is 0 only when every test passed.
         timeout_s: Wall-clock seconds before the process group is killed.
         limits: Resource limits; :class:`Limits` defaults when None.
         isolation: ``auto`` (namespaces when :func:`sandbox_isolation` finds them), ``namespaces``
@@ -366,17 +369,21 @@ async def run_python_async(
     result_transport: asyncio.ReadTransport | None = None
     try:
         nonce = secrets.token_hex(16)
-        config = {
-            "nonce": nonce,
+        config = {  # what the program's process may see
             "program": code,
-            "tests": list(tests) if tests is not None else None,
+            "testing": tests is not None,
             "limits": asdict(limits),
             "namespaces": namespaces,
             "seccomp": seccomp,
         }
+        verdict = {
+            "nonce": nonce,
+            "tests": list(tests) if tests is not None else None,
+        }  # the tests' process only
         Path(workdir, "main.py").write_text(code, encoding="utf-8")
         config_path = Path(workdir, ".sandbox.json")
         config_path.write_text(json.dumps(config), encoding="utf-8")
+        Path(workdir, ".verdict.json").write_text(json.dumps(verdict), encoding="utf-8")
         command = [*prefix, sys.executable, "-I", "-B", "-X", "utf8", str(BOOT_SCRIPT), str(config_path)]
         env = {**_SANDBOX_ENV, "HOME": workdir, "TMPDIR": workdir}
         try:
@@ -407,7 +414,7 @@ async def run_python_async(
             process, stdin_bytes, timeout_s, limits.max_output_bytes, reader
         )
         reports = parse_reports(report_bytes, nonce)
-        n_tests = len(config["tests"]) if tests is not None else None
+        n_tests = len(verdict["tests"]) if tests is not None else None
         return assemble_result(
             reports,
             process.returncode,

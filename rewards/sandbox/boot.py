@@ -1,31 +1,33 @@
-"""The in-sandbox half of :mod:`rewards.sandbox`: confine this interpreter, then run the program.
+"""The in-sandbox half of :mod:`rewards.sandbox`: confine, run the program, and judge it from outside it.
 
 :func:`rewards.sandbox.run_python_async` starts this file as a script, ``python -I -B -X utf8
 boot.py CONFIG RESULT_FD``, in a private working directory with a scrubbed environment,
 either inside fresh namespaces (``unshare --net --pid --mount-proc --fork``, plus ``--user`` when
-not root) or as a plain process. It uses the standard library only and never imports the project.
+not root) or as a plain process. It uses the standard library only and never imports the project
+(its siblings :mod:`~rewards.sandbox.seccomp` and :mod:`~rewards.sandbox.channel` are loaded by path).
 
 Steps, in order:
 
-1. Read the JSON config (limits, program, tests, a random nonce) and delete the file, so the
-   program never sees the nonce.
+1. Read the program's config (program, limits; no nonce, no tests) and open the verdict file (the
+   nonce and the tests), then delete both files.
 2. With namespaces, as PID 1 of the new PID namespace: make every mount read-only, mount private
    ``tmpfs`` on ``/tmp``, ``/var/tmp`` and ``/dev/shm``, and bind the working directory back
-   read-write at its own path.
-3. Fork. The parent stays as a supervisor: it waits for the child, reports its exit status and
-   CPU time, and exits; with a PID namespace its exit makes the kernel kill every process left in
-   it. The child confines itself: ``PR_SET_PDEATHSIG``, resource limits, ``PR_SET_NO_NEW_PRIVS``,
-   no capabilities, a seccomp filter (no new processes, no sockets, no signals to other
-   processes, no mounts or namespaces, no ptrace, no io_uring), and a Python audit hook that
-   enforces the same rules in Python and reports which limit a program ran into.
-4. The child runs the program as ``__main__`` (script mode), or runs it and then each test
-   snippet in the same globals, reporting each passing test on the result pipe (tests mode).
-
-Every report is one line ``<nonce> <kind> <payload>`` on the result pipe (file descriptor
-``RESULT_FD``), so the program cannot forge a passing test by printing, and ``sys.exit(0)`` or
-``os._exit(0)`` before the tests run passes none. A program that digs the nonce out of the
-interpreter's memory could still forge one; tests that share an interpreter with the code they
-test cannot be made tamper-proof.
+   read-write at its own path. Then mark this process non-dumpable, so no process of the run can
+   read its memory or descriptors through ``/proc``.
+3. Fork the **program's process**. It closes the verdict file and the result pipe before anything
+   else, so it never holds the nonce, the tests or the report channel. It confines itself
+   (``PR_SET_PDEATHSIG``, resource limits, ``PR_SET_NO_NEW_PRIVS``, no capabilities, the seccomp
+   filter, an audit hook) and runs the program: as ``__main__`` (script mode), or as module
+   ``solution`` and then answers calls from the tests over :mod:`~rewards.sandbox.channel` (tests mode).
+   What it reports (its set-up, limits it ran into, exceptions) goes through a diagnostics pipe that
+   this process reads and vets; it cannot write a verdict.
+4. Only then read the verdict file. With tests, fork the **tests' process**: confined the same way,
+   it never executes the program's code. It sees the program's globals as proxies that carry plain
+   values only, runs each test snippet, and reports each pass as ``<nonce> pass <i>`` on the result
+   pipe (file descriptor ``RESULT_FD``).
+5. Stay as the supervisor: forward the program's diagnostics, wait for both processes, report how the
+   program ended (exit status, CPU time from ``wait4``), and exit; with a PID namespace that makes
+   the kernel kill every process left in it.
 
 Example (what :mod:`rewards.sandbox` runs; not meant to be started by hand)::
 
@@ -34,17 +36,19 @@ Example (what :mod:`rewards.sandbox` runs; not meant to be started by hand)::
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import ctypes
 import errno
+import importlib.util
 import json
 import os
-import platform
 import resource
 import select
 import signal
 import struct
 import sys
+import threading
 import traceback
 
 SETUP_FAILED = 121
@@ -54,68 +58,27 @@ SETUP_FAILED = 121
 _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
 _AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = -100, 0x8000, 0x1
 _SYS_MOUNT_SETATTR = 442
-_PR_SET_PDEATHSIG, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP = 1, 24, 38, 22
-_SECCOMP_MODE_FILTER = 2
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
 _CAPABILITY_VERSION_3 = 0x20080522
-_CLONE_THREAD = 0x00010000
+_DIAGNOSTICS = ("limit", "exception")
+"""What the program's process may report through the supervisor after its set-up line."""
+_MAX_DIAGNOSTICS = 256
 
-# seccomp return values and classic-BPF opcodes.
-_RET_ALLOW, _RET_ERRNO, _RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
-_LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
-_OFFSET_NR, _OFFSET_ARCH, _OFFSET_ARG0 = 0, 4, 16
 
-# Per architecture: the audit arch value, a syscall-number floor to refuse (x32 on x86_64), and the
-# syscall numbers the filter handles (None: the architecture has no such call).
-_ARCHES = {
-    "x86_64": (0xC000003E, 0x40000000),
-    "aarch64": (0xC00000B7, None),
-}
-_SYSCALLS = {  # name: (x86_64, aarch64)
-    "fork": (57, None),
-    "vfork": (58, None),
-    "clone": (56, 220),
-    "clone3": (435, 435),
-    "socket": (41, 198),
-    "kill": (62, 129),
-    "tkill": (200, 130),
-    "tgkill": (234, 131),
-    "rt_sigqueueinfo": (129, 138),
-    "rt_tgsigqueueinfo": (297, 240),
-    "pidfd_send_signal": (424, 424),
-    "pidfd_open": (434, 434),
-    "ptrace": (101, 117),
-    "process_vm_readv": (310, 270),
-    "process_vm_writev": (311, 271),
-    "setsid": (112, 157),
-    "setpgid": (109, 154),
-    "mount": (165, 40),
-    "umount2": (166, 39),
-    "mount_setattr": (442, 442),
-    "move_mount": (429, 429),
-    "open_tree": (428, 428),
-    "fsopen": (430, 430),
-    "fsconfig": (431, 431),
-    "fsmount": (432, 432),
-    "fspick": (433, 433),
-    "pivot_root": (155, 41),
-    "chroot": (161, 51),
-    "unshare": (272, 97),
-    "setns": (308, 268),
-    "bpf": (321, 280),
-    "perf_event_open": (298, 241),
-    "userfaultfd": (323, 282),
-    "keyctl": (250, 219),
-    "add_key": (248, 217),
-    "request_key": (249, 218),
-    "io_uring_setup": (425, 425),
-    "io_uring_enter": (426, 426),
-    "io_uring_register": (427, 427),
-}
-_PROCESS_CALLS = ("fork", "vfork", "clone", "clone3")
-_SIGNAL_SELF_ONLY = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
-_DENIED = tuple(name for name in _SYSCALLS if name not in (*_PROCESS_CALLS, *_SIGNAL_SELF_ONLY, "socket"))
-"""Refused outright (EPERM): tracing, mounts, namespaces, new sessions, bpf, keyrings, io_uring."""
+def _sibling(name: str):  # noqa: ANN202 - a module loaded by path
+    """Load ``rewards/sandbox/<name>.py`` by path: the directory is not on ``sys.path`` (``-I``), and must not be,
+    or a program could import the sandbox's own modules by their bare names."""
+    spec = importlib.util.spec_from_file_location(
+        f"_dna_sandbox_{name}", os.path.join(os.path.dirname(__file__), f"{name}.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
+
+seccomp = _sibling("seccomp")
+wire = _sibling("channel")
 # Audit events (CPython 3.11) that start a process, and those that change the filesystem.
 _PROCESS_EVENTS = frozenset(
     {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen"}
@@ -153,6 +116,7 @@ class Channel:
         self._sent: set[tuple[str, str]] = set()
 
     def send(self, kind: str, payload: str = "") -> None:
+        payload = payload[:1000]
         if (kind, payload) in self._sent:
             return
         self._sent.add((kind, payload))
@@ -245,59 +209,6 @@ def _drop_capabilities(libc: ctypes.CDLL) -> None:
     _check(libc.capset(header, data), "capset")
 
 
-def _seccomp_program(arch: str, own_pid: int, allow_processes: bool) -> list[tuple[int, int, int, int]]:
-    """The classic-BPF seccomp filter as ``(code, jt, jf, k)`` instructions."""
-    audit_arch, x32_floor = _ARCHES[arch]
-    column = 0 if arch == "x86_64" else 1
-    allow, kill = (_RET, 0, 0, _RET_ALLOW), (_RET, 0, 0, _RET_KILL_PROCESS)
-
-    def deny(code: int) -> tuple[int, int, int, int]:
-        return (_RET, 0, 0, _RET_ERRNO | code)
-
-    def arg0_in(values: tuple[int, ...], code: int) -> list[tuple[int, int, int, int]]:
-        body = [(_LD_ABS, 0, 0, _OFFSET_ARG0)]
-        for i, value in enumerate(values):
-            body.append((_JEQ, len(values) - i, 0, value & 0xFFFFFFFF))  # jump to the final allow
-        return [*body, deny(code), allow]
-
-    rules: list[tuple[str, list[tuple[int, int, int, int]]]] = []
-    if not allow_processes:
-        rules += [("fork", [deny(errno.EAGAIN)]), ("vfork", [deny(errno.EAGAIN)])]
-        # Threads (CLONE_THREAD) stay allowed; clone3 reports ENOSYS so glibc falls back to clone.
-        thread_only = [(_LD_ABS, 0, 0, _OFFSET_ARG0), (_JSET, 0, 1, _CLONE_THREAD), allow, deny(errno.EAGAIN)]
-        rules += [("clone", thread_only), ("clone3", [deny(errno.ENOSYS)])]
-    rules.append(("socket", [deny(errno.EACCES)]))
-    for name in _SIGNAL_SELF_ONLY:
-        targets = (own_pid,) if name in ("tgkill", "rt_tgsigqueueinfo", "tkill") else (0, own_pid)
-        rules.append((name, arg0_in(targets, errno.EPERM)))
-    rules += [(name, [deny(errno.EPERM)]) for name in _DENIED]
-
-    program = [(_LD_ABS, 0, 0, _OFFSET_ARCH), (_JEQ, 1, 0, audit_arch), kill, (_LD_ABS, 0, 0, _OFFSET_NR)]
-    if x32_floor is not None:
-        program += [(_JGE, 0, 1, x32_floor), deny(errno.ENOSYS)]
-    for name, body in rules:
-        number = _SYSCALLS[name][column]
-        if number is None:
-            continue
-        program.append((_JEQ, 0, len(body), number))
-        program += body
-    program.append(allow)
-    return program
-
-
-def _install_seccomp(libc: ctypes.CDLL, own_pid: int, allow_processes: bool) -> bool:
-    """Install the filter; False when this architecture is not covered."""
-    arch = platform.machine()
-    if arch not in _ARCHES:
-        return False
-    instructions = _seccomp_program(arch, own_pid, allow_processes)
-    packed = b"".join(struct.pack("HBBI", *instruction) for instruction in instructions)
-    buffer = ctypes.create_string_buffer(packed, len(packed))
-    prog = struct.pack("HP", len(instructions), ctypes.addressof(buffer))  # struct sock_fprog
-    _check(libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, prog, 0, 0), "seccomp")
-    return True
-
-
 def confine(config: dict, protections: list[str]) -> None:
     """Limits, no privileges, the seccomp filter: everything the child does before the program."""
     libc = _libc()
@@ -310,7 +221,7 @@ def confine(config: dict, protections: list[str]) -> None:
         _drop_capabilities(libc)
         protections.append("no_capabilities")
     allow_processes = config["limits"]["max_processes"] > 1
-    if config["seccomp"] and _install_seccomp(libc, os.getpid(), allow_processes):
+    if config["seccomp"] and seccomp.install(libc, os.getpid(), allow_processes):
         protections.append("seccomp")
 
 
@@ -373,87 +284,190 @@ def _report_exception(channel: Channel, exc: BaseException) -> None:
     channel.send("exception", type(exc).__name__)
 
 
-def run_program(config: dict, channel: Channel) -> int:
-    """Run the program (and the tests); return the exit status for the child."""
-    source = config["program"]
-    # With tests the program is imported, not run: its `if __name__ == "__main__":` block stays
-    # quiet, as in the HumanEval and MBPP harnesses.
-    name = "__main__" if config["tests"] is None else "solution"
-    namespace = {"__name__": name, "__file__": os.path.abspath("main.py"), "__builtins__": __builtins__}
+def program_side(config: dict, diagnostics: Channel, requests: int | None, answers: int | None) -> int:
+    """The program's process after :func:`confine`: run the program; with tests, then answer the tests' calls.
+
+    Returns the exit status. With tests the program is imported as module ``solution``, not run as
+    ``__main__``: its ``if __name__ == "__main__":`` block stays quiet, as in the HumanEval and MBPP harnesses.
+    """
+    testing = requests is not None
+    namespace = {
+        "__name__": "solution" if testing else "__main__",
+        "__file__": os.path.abspath("main.py"),
+        "__builtins__": builtins,
+    }
     try:
-        exec(compile(source, "main.py", "exec"), namespace)  # noqa: S102 - running it is the point
+        exec(compile(config["program"], "main.py", "exec"), namespace)  # noqa: S102 - running it is the point
     except SystemExit:
-        if config["tests"] is None:
+        if not testing:
             raise
-        channel.send("exception", "SystemExit")
+        diagnostics.send("exception", "SystemExit")
         return 1  # exiting before the tests ran passes none of them
     except BaseException as exc:  # noqa: BLE001 - any failure of the program is reported, then fails the run
-        _report_exception(channel, exc)
+        _report_exception(diagnostics, exc)
         traceback.print_exc()
         return 1
-    if config["tests"] is None:
+    if not testing:
         return 0
+    sys.stdout.flush()
+    with contextlib.suppress(BrokenPipeError):  # the tests' process is done
+        wire.serve(namespace, requests, answers, lambda exc: _report_exception(diagnostics, exc))
+    return 0
+
+
+def tests_side(tests: list[str], channel: Channel, requests: int, answers: int) -> int:
+    """The tests' process after :func:`confine`: run each test against the program's globals, report passes."""
+    link = wire.Link(requests, answers)
+    try:
+        names, shadows = link.globals()
+    except wire.ProgramGone as exc:
+        print(f"--- the program did not load: {exc} ---", file=sys.stderr)
+        return 1
     channel.send("loaded")
+    namespace = {"__name__": "__test__", "__builtins__": builtins, **names}
     failed = 0
-    for index, test in enumerate(config["tests"]):
+    for index, test in enumerate(tests):
+        visible = wire.shadows_for(test, names, shadows)
+        namespace.update({name: shadows[name] for name in visible})
         try:
-            exec(compile(test, f"<test {index}>", "exec"), namespace)  # noqa: S102
+            exec(compile(test, f"<test {index}>", "exec"), namespace)  # noqa: S102 - the row's own tests
         except BaseException as exc:  # noqa: BLE001 - a failing test is a result, not a crash
             failed += 1
-            _report_exception(channel, exc)
+            channel.send("exception", type(exc).__name__)
             print(f"--- test {index} failed ---", file=sys.stderr)
             traceback.print_exc()
             continue
-        channel.send("pass", str(index))
+        else:
+            channel.send("pass", str(index))
+        finally:
+            for name in visible:
+                if namespace.get(name) is shadows[name]:
+                    del namespace[name]
     return 1 if failed else 0
 
 
-def _wait_or_orphaned(child: int, result_fd: int) -> None:
-    """Block until the child exits; if the caller dies first, kill the child and exit.
+def _forward(diagnostics: int, channel: Channel, gate: int) -> None:
+    """Pass on what the program's process reports: its first line (set-up) as it is, then limits and
+    exceptions only, at most :data:`_MAX_DIAGNOSTICS` lines; never a verdict. The program's process waits on
+    ``gate`` until its set-up line is on the result pipe: a run killed a moment later still reads as started."""
+    first, forwarded = True, 0
+    with os.fdopen(diagnostics, "rb") as pipe:
+        for raw in pipe:
+            parts = raw.decode("utf-8", "replace").rstrip("\n").split(" ", 2)
+            kind, payload = (parts[1], parts[2] if len(parts) == 3 else "") if len(parts) >= 2 else ("", "")
+            if kind in (("setup", "setup_error") if first else _DIAGNOSTICS) and forwarded < _MAX_DIAGNOSTICS:
+                forwarded += 1
+                channel.send(kind, payload)
+            if first:
+                first = False
+                os.close(gate)
+        if first:
+            os.close(gate)
 
-    The caller holds the read end of the result pipe for the whole run, so ``POLLERR`` on our
-    write end means it is gone, even when it died before ``PR_SET_PDEATHSIG`` was set. Then the
-    child is killed and this process exits, which in a PID namespace takes every other process in
-    it down too (the caller's next process sweeps the directory). Needs ``pidfd_open`` (Linux
-    5.3); without it this just waits, and ``PR_SET_PDEATHSIG`` alone ends the run.
-    """
+
+def _wait_all(program: int, tests: int | None, result_fd: int) -> dict[int, tuple[int, object]]:
+    """``{pid: (status, rusage)}`` once both processes ended. When the tests' process ends first, the
+    program's is killed (the verdict is in; it is not counted as the program's failure). If the caller dies
+    first (``POLLERR`` on the result pipe, whose read end it holds), kill both and exit."""
+    children = [pid for pid in (program, tests) if pid is not None]
+    ended: dict[int, tuple[int, object]] = {}
     try:
-        pidfd = os.pidfd_open(child)
-    except (AttributeError, OSError):
-        return
+        pidfds = {os.pidfd_open(pid): pid for pid in children}
+    except (AttributeError, OSError):  # before Linux 5.3: wait in order; PR_SET_PDEATHSIG ends an orphan
+        for pid in reversed(children):
+            _, status, usage = os.wait4(pid, 0)
+            ended[pid] = (status, usage)
+        return ended
     poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
+    for fd in pidfds:
+        poller.register(fd, select.POLLIN)
     poller.register(result_fd, 0)  # POLLERR and POLLHUP are always reported
-    while True:
+    while len(ended) < len(children):
         events = dict(poller.poll())
-        if pidfd in events:
-            os.close(pidfd)
-            return
         if events.get(result_fd, 0) & (select.POLLERR | select.POLLHUP):
-            os.kill(child, signal.SIGKILL)
-            os.waitpid(child, 0)
+            for pid in children:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
             os._exit(SETUP_FAILED)
+        for fd, pid in pidfds.items():
+            if fd in events and pid not in ended:
+                poller.unregister(fd)
+                _, status, usage = os.wait4(pid, 0)
+                ended[pid] = (status, usage)
+        if tests is not None and tests in ended and program not in ended:
+            with contextlib.suppress(OSError):
+                os.kill(program, signal.SIGKILL)
+            _, status, usage = os.wait4(program, 0)
+            ended[program] = (0, usage)  # stopped by us after the verdict: as if it exited 0
+    return ended
 
 
-def supervise(child: int, channel: Channel, result_fd: int) -> int:
-    """Wait for the child, report how it ended, and return the status to exit with."""
-    _wait_or_orphaned(child, result_fd)
-    while True:
-        try:
-            pid, status, usage = os.wait4(-1, 0)
-        except ChildProcessError:
-            return SETUP_FAILED
-        if pid == child:
-            break
+def supervise(
+    program: int, tests: int | None, diagnostics: int, gate: int, channel: Channel, result_fd: int
+) -> int:
+    """Forward the program's diagnostics, wait for both processes, report how the run ended; the exit status.
+
+    The exit status is the program's when it failed (exit status or signal), else the tests' (0 only when
+    every test passed). The CPU time is the program's.
+    """
+    forwarder = threading.Thread(target=_forward, args=(diagnostics, channel, gate), daemon=True)
+    forwarder.start()
+    ended = _wait_all(program, tests, result_fd)
+    forwarder.join(timeout=2.0)
+    status, usage = ended[program]
     cpu_s = usage.ru_utime + usage.ru_stime
-    if os.WIFSIGNALED(status):
-        code, sig = None, os.WTERMSIG(status)
-    else:
-        code, sig = os.WEXITSTATUS(status), None
+    code, sig = (None, os.WTERMSIG(status)) if os.WIFSIGNALED(status) else (os.WEXITSTATUS(status), None)
+    if tests is not None and code == 0:
+        tests_status = ended[tests][0]
+        code = os.WEXITSTATUS(tests_status) if os.WIFEXITED(tests_status) else 1
     channel.send(
         "exit", json.dumps({"code": code, "signal": sig, "cpu_s": cpu_s, "maxrss_kb": usage.ru_maxrss})
     )
     return code if code is not None else 128 + sig
+
+
+def _start_program(config: dict, keep: tuple[int, ...], drop: tuple[int, ...], protections: list[str]) -> int:
+    """Fork the program's process; in it, close ``drop`` first thing, confine, run; never returns there."""
+    pid = os.fork()
+    if pid:
+        return pid
+    for fd in drop:
+        os.close(fd)
+    diagnostics = Channel(keep[0], "-")
+    try:
+        confine(config, protections)
+    except OSError as exc:
+        diagnostics.send("setup_error", str(exc))
+        os._exit(SETUP_FAILED)
+    if not config["namespaces"]:
+        protections.append("file_write_guard")
+    install_audit_hook(config, diagnostics)
+    diagnostics.send("setup", ",".join(protections))
+    os.read(keep[1], 1)  # the gate: returns once the supervisor passed the set-up line on
+    os.close(keep[1])
+    requests, answers = (keep[2], keep[3]) if len(keep) == 4 else (None, None)
+    sys.exit(program_side(config, diagnostics, requests, answers))
+
+
+def _start_tests(
+    config: dict, tests: list[str], channel: Channel, requests: int, answers: int, drop: int
+) -> int:
+    """Fork the tests' process (stdin from ``/dev/null``); in it, confine and run the tests; never returns there."""
+    pid = os.fork()
+    if pid:
+        return pid
+    for fd in drop:
+        os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    try:
+        confine(config, [])
+    except OSError as exc:
+        channel.send("setup_error", f"tests: {exc}")
+        os._exit(SETUP_FAILED)
+    install_audit_hook(config, channel)
+    sys.exit(tests_side(tests, channel, requests, answers))
 
 
 def main(argv: list[str]) -> None:
@@ -461,29 +475,46 @@ def main(argv: list[str]) -> None:
     _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # die with whoever started the run
     with open(config_path, encoding="utf-8") as handle:
         config = json.load(handle)
+    verdict_path = os.path.join(os.path.dirname(config_path), ".verdict.json")
+    verdict_fd = os.open(verdict_path, os.O_RDONLY)
     os.unlink(config_path)
-    channel = Channel(result_fd, config["nonce"])
+    os.unlink(verdict_path)
     protections: list[str] = []
     try:
         if config["namespaces"]:
             private_filesystem(int(config["limits"]["max_file_mb"]), protections)
-    except OSError as exc:
-        channel.send("setup_error", str(exc))
+        _check(_libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
+    except OSError as exc:  # no nonce yet (it must never be in the program's memory): stderr says why
+        print(f"sandbox set-up failed: {exc}", file=sys.stderr, flush=True)
         os._exit(SETUP_FAILED)
+    testing = config["testing"]
+    diagnostics_read, diagnostics_write = os.pipe()
+    gate_read, gate_write = os.pipe()
+    requests = os.pipe() if testing else None
+    answers = os.pipe() if testing else None
     sys.stdout.flush()
-    child = os.fork()
-    if child:
-        os._exit(supervise(child, channel, result_fd))
-    try:
-        confine(config, protections)
-    except OSError as exc:
-        channel.send("setup_error", str(exc))
-        os._exit(SETUP_FAILED)
-    if not config["namespaces"]:
-        protections.append("file_write_guard")
-    install_audit_hook(config, channel)
-    channel.send("setup", ",".join(protections))
-    sys.exit(run_program(config, channel))
+    keep = (diagnostics_write, gate_read, *((requests[0], answers[1]) if testing else ()))
+    drop = (
+        result_fd,
+        verdict_fd,
+        diagnostics_read,
+        gate_write,
+        *((requests[1], answers[0]) if testing else ()),
+    )
+    program = _start_program(config, keep, drop, protections)
+    for fd in keep:
+        os.close(fd)
+    with os.fdopen(verdict_fd, encoding="utf-8") as handle:  # only now: the program's process never held it
+        verdict = json.load(handle)
+    channel = Channel(result_fd, verdict["nonce"])
+    tests = None
+    if testing:
+        tests = _start_tests(
+            config, verdict["tests"], channel, requests[1], answers[0], (diagnostics_read, gate_write)
+        )
+        os.close(requests[1])
+        os.close(answers[0])
+    os._exit(supervise(program, tests, diagnostics_read, gate_write, channel, result_fd))
 
 
 if __name__ == "__main__":

@@ -33,8 +33,10 @@ from rewards import sandbox
 from rewards.code import extract_code, make_code_execution_reward, parse_tests, same_output
 from rewards.registry import RewardConfigError, check_reward_columns, required_columns, resolve_reward
 from rewards.sandbox import Limits, run_python, run_python_async, sandbox_isolation, sweep_stale_workdirs
+from rewards.sandbox import channel as channel_module
 from rewards.sandbox import isolation as isolation_module
 from rewards.sandbox import result as result_module
+from rewards.sandbox import seccomp as seccomp_module
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = Limits(cpu_s=1, memory_mb=512, max_output_bytes=20_000)
@@ -520,5 +522,5 @@ def test_real_humaneval_and_mbpp_rows():
 
 
 def test_docstring_examples():
-    for module in (code_module, sandbox, isolation_module, result_module):
+    for module in (code_module, sandbox, isolation_module, result_module, channel_module, seccomp_module):
         assert doctest.testmod(module).failed == 0

@@ -145,6 +145,22 @@ def test_wrong_code_scores_zero_however_it_attacks_the_verdict(attack, isolation
 
 
 @pytest.mark.parametrize("isolation", MODES)
+def test_a_program_cannot_answer_for_the_builtins_a_test_uses(isolation):
+    """Tests see the real built-ins; a program's ``sum`` is visible only as the function under test."""
+    program = "def add(a, b):\n    return -1\ndef abs(x):\n    return 0\ndef set(x):\n    return {1}\n"
+    tests = ["assert abs(add(1, 2) - 3) < 0.5", "assert set([add(1, 2)]) == set([3])"]
+    assert _score(program, tests, isolation) == 0.0
+    reward = make_code_execution_reward(timeout_s=20, isolation=isolation)
+    check = "def check(candidate):\n    assert abs(candidate(1, 2) - 3) < 0.5\n"
+    scores = asyncio.run(
+        reward(prompts=["q"], completions=[f"```python\n{program}\n```"], tests=[check], entry_point=["add"])
+    )
+    assert scores == [0.0]
+    mbpp = "def sum(a, b):\n    return sum_of_divisors(a, b)\ndef sum_of_divisors(a, b):\n    return 6 if a == 10 else 3\n"
+    assert _score(mbpp, ["assert sum(10, 15) == 6", "assert sum(4, 6) == 3"], isolation) == 1.0
+
+
+@pytest.mark.parametrize("isolation", MODES)
 def test_correct_code_of_every_test_shape_still_passes(isolation):
     """Plain values of every kind cross, program objects work as opaque handles (MBPP's ``Pair``), globals and
     modules the program imported are visible to the tests, and a HumanEval check script passes."""
