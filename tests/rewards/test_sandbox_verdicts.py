@@ -129,6 +129,48 @@ for pid in {os.getppid(), 1}:
     except OSError:
         pass
 """,
+    "replaced_builtins": """
+import sys, builtins as real
+def add(a, b):
+    return -1
+ONE = object()
+class Fake:
+    def __getitem__(self, name):
+        if name == "abs":
+            return lambda x: 0
+        if name == "sorted":
+            return lambda *a, **k: ONE
+        return getattr(real, name)
+fake = Fake()
+channel = sys.modules.get("_dna_sandbox_channel")
+if channel is not None:
+    dump = channel._dump
+    def patched(message):
+        if isinstance(message.get("globals"), dict):
+            message["globals"]["__builtins__"] = message["globals"]["fake"]
+        return dump(message)
+    channel._dump = patched
+""",
+    "stop_iteration": """
+def add(a, b):
+    raise StopIteration
+""",
+    "fake_stdlib_module": """
+class Yes:
+    def __getattr__(self, name):
+        return lambda *a, **k: True
+math = Yes()
+def add(a, b):
+    return -1
+""",
+}
+SPECIAL_TESTS = {
+    "replaced_builtins": ["assert abs(add(1, 2) - 3) < 1e-9", "assert sorted([add(1, 2)]) == sorted([3])"],
+    "stop_iteration": [
+        "assert all(map(add, [1], [2])) and add(1, 2) == 3",
+        "assert not any(map(add, [1], [2]))",
+    ],
+    "fake_stdlib_module": ["assert math.isclose(add(1, 2), 3)", "assert math.isclose(add(2, 2), 4)"],
 }
 
 
@@ -141,7 +183,7 @@ def _score(program: str, tests: list[str], isolation: str) -> float | None:
 @pytest.mark.parametrize("isolation", MODES)
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 def test_wrong_code_scores_zero_however_it_attacks_the_verdict(attack, isolation):
-    assert _score(ATTACKS[attack], TESTS, isolation) == 0.0
+    assert _score(ATTACKS[attack], SPECIAL_TESTS.get(attack, TESTS), isolation) == 0.0
 
 
 @pytest.mark.parametrize("isolation", MODES)
@@ -150,6 +192,12 @@ def test_a_program_cannot_answer_for_the_builtins_a_test_uses(isolation):
     program = "def add(a, b):\n    return -1\ndef abs(x):\n    return 0\ndef set(x):\n    return {1}\n"
     tests = ["assert abs(add(1, 2) - 3) < 0.5", "assert set([add(1, 2)]) == set([3])"]
     assert _score(program, tests, isolation) == 0.0
+    two = "def max(xs):\n    return -1\ndef abs(x):\n    return 0\nclass Words:\n    def __contains__(self, w):\n        return True\n"
+    two += "def words(s):\n    return Words()\n"
+    assert (
+        _score(two, ["assert abs(max([1, 3]) - 3) < 1e-9", "assert 'hello' in words('bye')"], isolation)
+        == 0.0
+    )
     reward = make_code_execution_reward(timeout_s=20, isolation=isolation)
     check = "def check(candidate):\n    assert abs(candidate(1, 2) - 3) < 0.5\n"
     scores = asyncio.run(
@@ -201,6 +249,9 @@ class Stack:
         "p = Pair(1, 2)\nassert p == p and p != Pair(1, 2)",
     ]
     assert _score(program, tests, isolation) == 1.0
+    assert (
+        _score("def sum(a, b):\n    return a + b + 0\n", ["assert set([sum(1, 2)]) == {3}"], isolation) == 1.0
+    )
     humaneval = "def check(candidate):\n    assert candidate([1, 2]) == 3\n    assert abs(candidate([0.5]) - 0.5) < 1e-9\n"
     reward = make_code_execution_reward(timeout_s=20, isolation=isolation)
     completion = "```python\ndef total(xs):\n    return sum(xs)\n```"
