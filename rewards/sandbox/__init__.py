@@ -7,37 +7,33 @@ it to run completions against tests; an agent's "python execution" tool can use 
 What every run gets:
 
 - **a separate process** (``python -I``: no user site, no ``PYTHON*`` variables) started in its
-  own session, killed as a process group when the run ends;
-- **a private working directory** (``tempfile.mkdtemp``), removed afterwards, also when the run
-  fails or the caller is cancelled (a caller killed outright leaves it to
-  :func:`sweep_stale_workdirs`);
-- **a scrubbed environment**: ``PATH``, ``HOME``/``TMPDIR`` (the working directory), a UTF-8
-  locale and single-thread math libraries; nothing from the caller's environment, so no API key
-  or token is inherited;
+  own session, killed when the run ends; with tests, the program and the tests in two processes
+  (:mod:`rewards.sandbox.boot`), so the program cannot forge a verdict;
+- **a scrubbed environment**: ``PATH``, ``HOME``/``TMPDIR``, a UTF-8 locale and single-thread math
+  libraries; nothing from the caller's environment, so no API key or token is inherited;
 - **limits** (:class:`Limits`): CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS``),
   file size (``RLIMIT_FSIZE``), open files, no core dumps, a wall-clock timeout, and a cap on
   captured stdout and stderr (the process is killed when it writes more);
-- **no new processes** by default: a seccomp filter refuses ``fork``/``clone`` (threads are
-  fine), and a Python audit hook refuses ``os.fork``, ``subprocess`` and ``os.exec*``;
-- **no network and no signals to other processes**: the seccomp filter refuses ``socket()``,
-  ``kill()`` of any other process, ``ptrace``, mounts, new namespaces, ``setsid`` and io_uring.
+- **the seccomp filter** (:mod:`rewards.sandbox.seccomp`): no new processes by default (threads are
+  fine; a Python audit hook refuses ``os.fork``, ``subprocess`` and ``os.exec*`` first), no
+  ``socket()``, no signal or ``prlimit`` aimed at another process, no ``ptrace``, mounts, new
+  namespaces, ``setsid`` or io_uring.
 
 Isolation is detected once per process (:func:`rewards.sandbox.isolation.sandbox_isolation`):
 
 ``namespaces``
-    The run starts under ``unshare --net --pid --mount-proc --fork`` (util-linux; plus
-    ``--user --map-root-user`` when not root): a fresh network namespace with only a loopback
-    that is down, a PID namespace whose processes all die with the run and which cannot see or
-    signal the caller, and a mount namespace where every mount is read-only, ``/tmp``,
-    ``/var/tmp`` and ``/dev/shm`` are private ``tmpfs`` mounts, and only the working directory is
-    writable. The program runs as root of the namespace with every capability dropped.
+    The boundary (:mod:`rewards.sandbox.bwrap`): bubblewrap with every namespace new, an unprivileged
+    uid that is never the host's root, a minimal read-only root with no host files or secrets, sized
+    ``nosuid,nodev`` ``tmpfs`` mounts for the working directory ``/w``, ``/tmp`` and ``/dev/shm``
+    (nothing touches the host's disk), and for a root caller cgroups that bound the run's memory and
+    tasks.
 ``process``
-    The fallback where namespaces cannot be created (e.g. Docker's default seccomp profile, or
-    unprivileged user namespaces disabled). The limits and the seccomp filter still hold (no
-    sockets, no processes, no signals to others); file writes outside the working directory are
-    refused by the audit hook only, and ``ctypes`` is refused so that the hook holds. The program
-    runs as the caller's user and can read what that user can read. Running the trainer in a
-    container or VM covers the rest.
+    No boundary: where bubblewrap cannot run (not installed, Docker's default seccomp profile,
+    user namespaces disabled). The limits and the seccomp filter still hold, the run gets a private
+    working directory (``tempfile.mkdtemp``, removed afterwards; a caller killed outright leaves it
+    to :func:`sweep_stale_workdirs`), and file writes outside it are refused by the audit hook only.
+    The program runs as the caller's user and can read what that user can read. The code reward
+    and the Coding Agent only use it when a recipe says ``isolation: unsafe_process``.
 
 Example:
     >>> result = run_python("import sys; print(sum(map(int, sys.stdin.read().split())))", stdin="2 3")
@@ -50,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -64,6 +61,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from rewards.sandbox import bwrap
 from rewards.sandbox import channel as _channel  # noqa: F401 - compiled here once: boot.py loads the bytecode
 from rewards.sandbox import seccomp as _seccomp  # noqa: F401 - the same
 from rewards.sandbox.isolation import (
@@ -71,7 +69,6 @@ from rewards.sandbox.isolation import (
     Isolation,
     NoBoundaryError,
     boundary_for,
-    namespace_command,
     sandbox_isolation,
 )
 from rewards.sandbox.result import (
@@ -223,7 +220,7 @@ def sweep_stale_workdirs() -> int:
         >>> sweep_stale_workdirs() >= 0
         True
     """
-    removed = 0
+    removed = bwrap.sweep_stale_cgroups()
     for path in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
         pid = path.name.removeprefix(WORKDIR_PREFIX).split("-", 1)[0]
         try:
@@ -265,12 +262,12 @@ async def _communicate(
         buffer = bytearray()
         while stream is not None and (chunk := await stream.read(65536)):
             room = cap - len(buffer)
-            if len(chunk) > room:
-                buffer += chunk[:room]
+            if len(chunk) > room and not overflow:
                 overflow = True
                 _kill_group(process.pid)
-                break
-            buffer += chunk
+            buffer += chunk[
+                : max(0, room)
+            ]  # past the cap: read to the end and drop (the process counts as done at EOF)
         return bytes(buffer)
 
     async def drain(stream: asyncio.StreamReader) -> bytes:
@@ -353,18 +350,16 @@ async def run_python_async(
     limits = limits or Limits()
     if isolation == "auto":
         found = await asyncio.to_thread(sandbox_isolation)
-        isolation, prefix = ("namespaces", found.command) if found.namespaces else ("process", ())
-    else:
-        prefix = namespace_command() if isolation == "namespaces" else ()
+        isolation = "namespaces" if found.namespaces else "process"
     namespaces = isolation == "namespaces"
-    if prefix is None:
-        return ExecutionResult(
-            None, sandbox_error="util-linux 'unshare' is not installed", isolation=isolation
-        )
+    if namespaces and (missing := bwrap.missing_tools()) is not None:
+        return ExecutionResult(None, sandbox_error=missing, isolation=isolation)
     start = time.perf_counter()
     stdin_bytes = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
-    workdir = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
+    cgroups = bwrap.Cgroups.make(limits.memory_mb, bwrap.CGROUP_TASKS) if namespaces else bwrap.Cgroups()
+    workdir = bwrap.WORKDIR if namespaces else tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
     read_fd, write_fd = os.pipe()
+    memfds: list[int] = []
     process: asyncio.subprocess.Process | None = None
     result_transport: asyncio.ReadTransport | None = None
     try:
@@ -375,27 +370,44 @@ async def run_python_async(
             "limits": asdict(limits),
             "namespaces": namespaces,
             "seccomp": seccomp,
+            "tasks_cgroup": cgroups.pids is not None,
+            "memory_cgroup": cgroups.memory is not None,
         }
         verdict = {
             "nonce": nonce,
             "tests": list(tests) if tests is not None else None,
         }  # the tests' process only
-        Path(workdir, "main.py").write_text(code, encoding="utf-8")
-        config_path = Path(workdir, ".sandbox.json")
-        config_path.write_text(json.dumps(config), encoding="utf-8")
-        Path(workdir, ".verdict.json").write_text(json.dumps(verdict), encoding="utf-8")
-        command = [*prefix, sys.executable, "-I", "-B", "-X", "utf8", str(BOOT_SCRIPT), str(config_path)]
-        env = {**_SANDBOX_ENV, "HOME": workdir, "TMPDIR": workdir}
+        files = {"main.py": code, ".sandbox.json": json.dumps(config), ".verdict.json": json.dumps(verdict)}
+        argv = [
+            sys.executable,
+            "-I",
+            "-B",
+            "-X",
+            "utf8",
+            str(BOOT_SCRIPT),
+            f"{workdir}/.sandbox.json",
+            str(write_fd),
+        ]
+        env = {**_SANDBOX_ENV, "HOME": workdir, "TMPDIR": "/tmp" if namespaces else workdir}
+        if namespaces:  # the files go in from memfds: nothing of the run touches the host's disk
+            fds = {name: _memfd(name, text) for name, text in files.items()}
+            memfds = list(fds.values())
+            bwrap.ensure_stage()
+            command = bwrap.command(argv, fds, limits.max_file_mb, env, cgroups)
+            env, cwd = bwrap.launcher_env(cgroups), "/"
+        else:
+            for name, text in files.items():
+                Path(workdir, name).write_text(text, encoding="utf-8")
+            command, cwd = argv, workdir
         try:
             process = await asyncio.create_subprocess_exec(
                 *command,
-                str(write_fd),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                cwd=workdir,
+                cwd=cwd,
                 env=env,
-                pass_fds=(write_fd,),
+                pass_fds=(write_fd, *memfds),
                 start_new_session=True,
             )
         except OSError as exc:
@@ -404,6 +416,8 @@ async def run_python_async(
             )
         finally:
             os.close(write_fd)
+            for fd in memfds:
+                os.close(fd)
         reader = asyncio.StreamReader()
         pipe = os.fdopen(read_fd, "rb", buffering=0)  # the transport owns (and closes) the read end from here
         read_fd = None
@@ -414,6 +428,8 @@ async def run_python_async(
             process, stdin_bytes, timeout_s, limits.max_output_bytes, reader
         )
         reports = parse_reports(report_bytes, nonce)
+        if cgroups.oom_killed():
+            reports.append(("limit", "memory"))
         n_tests = len(verdict["tests"]) if tests is not None else None
         return assemble_result(
             reports,
@@ -434,7 +450,25 @@ async def run_python_async(
             result_transport.close()
         if read_fd is not None:
             os.close(read_fd)
-        _remove_tree(workdir)
+        cgroups.remove()
+        if not namespaces:
+            _remove_tree(workdir)
+
+
+def _memfd(name: str, text: str) -> int:
+    """A sealed memfd holding ``text`` (UTF-8), positioned at its start, for ``bwrap --file``."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    data = text.encode("utf-8")
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    fcntl.fcntl(
+        fd,
+        fcntl.F_ADD_SEALS,
+        fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE,
+    )
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def run_python(

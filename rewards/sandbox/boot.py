@@ -55,14 +55,18 @@ SETUP_FAILED = 121
 """Exit status when the sandbox could not be set up; the program never ran."""
 
 # Linux constants (include/uapi/linux/*.h); identical on x86_64 and aarch64.
-_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
-_AT_FDCWD, _AT_RECURSIVE, _MOUNT_ATTR_RDONLY = -100, 0x8000, 0x1
-_SYS_MOUNT_SETATTR = 442
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
 _CAPABILITY_VERSION_3 = 0x20080522
-_DIAGNOSTICS = ("limit", "exception")
-"""What the program's process may report through the supervisor after its set-up line."""
+_DIAGNOSTICS = {
+    "limit": {"memory", "processes", "file_size", "network"}.__contains__,
+    "exception": str.isidentifier,
+}
+"""What the program's process may report through the supervisor after its set-up line: limits it ran into
+inside (the parent sees wall time, CPU time and output itself) and exception type names."""
 _MAX_DIAGNOSTICS = 256
+_MISSING = object()
+_MAX_TASKS = 64
+"""Tasks (processes and threads) of the sandbox's uid inside the boundary, with one process allowed."""
 
 
 def _sibling(name: str):  # noqa: ANN202 - a module loaded by path
@@ -135,48 +139,7 @@ def _check(result: int, what: str) -> None:
         raise OSError(code, f"{what}: {os.strerror(code)}")
 
 
-class _MountAttr(ctypes.Structure):
-    _fields_ = [
-        ("attr_set", ctypes.c_uint64),
-        ("attr_clr", ctypes.c_uint64),
-        ("propagation", ctypes.c_uint64),
-        ("userns_fd", ctypes.c_uint64),
-    ]
-
-
-def _mount_setattr(libc: ctypes.CDLL, path: str, recursive: bool, set_: int = 0, clear: int = 0) -> None:
-    attr = _MountAttr(set_, clear, 0, 0)
-    flags = _AT_RECURSIVE if recursive else 0
-    result = libc.syscall(
-        _SYS_MOUNT_SETATTR, _AT_FDCWD, path.encode(), flags, ctypes.byref(attr), ctypes.sizeof(attr)
-    )
-    _check(result, f"mount_setattr {path}")
-
-
-def private_filesystem(temp_mb: int, protections: list[str]) -> None:
-    """Read-only mounts, private temp dirs, and the working directory bound back read-write.
-
-    Runs as root of the fresh mount namespace (real root, or root of a fresh user namespace).
-    The working directory usually lies under ``/tmp``, which the private tmpfs hides, so it is
-    re-created on the tmpfs and the original is bound onto it through ``/proc/self/cwd``.
-    """
-    libc = _libc()
-    workdir = os.getcwd()
-    _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
-    _mount_setattr(libc, "/", recursive=True, set_=_MOUNT_ATTR_RDONLY)
-    protections.append("readonly_root")
-    options = f"size={max(1, temp_mb)}m,mode=1777".encode()
-    for path in ("/tmp", "/var/tmp", "/dev/shm"):
-        if os.path.isdir(path):
-            _check(libc.mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options), path)
-    protections.append("private_tmp")
-    os.makedirs(workdir, mode=0o700, exist_ok=True)
-    _check(libc.mount(b"/proc/self/cwd", workdir.encode(), None, _MS_BIND, None), "bind workdir")
-    _mount_setattr(libc, workdir, recursive=False, clear=_MOUNT_ATTR_RDONLY)
-    os.chdir(workdir)
-
-
-def _set_limits(limits: dict) -> None:
+def _set_limits(limits: dict, bounded_tasks: bool) -> None:
     cpu = max(1, int(limits["cpu_s"] + 0.999))
     memory = int(limits["memory_mb"]) * 1024 * 1024
     files = int(limits["max_file_mb"]) * 1024 * 1024
@@ -191,6 +154,10 @@ def _set_limits(limits: dict) -> None:
         # Counts threads too, and only for a non-root user: with one process allowed, the seccomp
         # filter forbids new processes instead, and threads stay free.
         settings.append(("RLIMIT_NPROC", int(limits["max_processes"]), int(limits["max_processes"])))
+    elif bounded_tasks:
+        # Inside the boundary the uid is never host root, so the kernel enforces this: it caps the run's
+        # threads (a raw-clone thread costs ~17 KiB, and without a bound they exhaust the host's PIDs).
+        settings.append(("RLIMIT_NPROC", _MAX_TASKS, _MAX_TASKS))
     for name, soft, hard in settings:
         resource.setrlimit(getattr(resource, name), (soft, hard))
 
@@ -213,7 +180,7 @@ def confine(config: dict, protections: list[str]) -> None:
     """Limits, no privileges, the seccomp filter: everything the child does before the program."""
     libc = _libc()
     _check(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
-    _set_limits(config["limits"])
+    _set_limits(config["limits"], bounded_tasks=config["namespaces"])
     protections.append("rlimits")
     _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
     protections.append("no_new_privs")
@@ -221,7 +188,10 @@ def confine(config: dict, protections: list[str]) -> None:
         _drop_capabilities(libc)
         protections.append("no_capabilities")
     allow_processes = config["limits"]["max_processes"] > 1
-    if config["seccomp"] and seccomp.install(libc, os.getpid(), allow_processes):
+    deny_shared = not config.get(
+        "memory_cgroup"
+    )  # memfd and SysV pages escape RLIMIT_AS; a memory cgroup counts them
+    if config["seccomp"] and seccomp.install(libc, os.getpid(), allow_processes, deny_shared):
         protections.append("seccomp")
 
 
@@ -324,10 +294,11 @@ def tests_side(tests: list[str], channel: Channel, requests: int, answers: int) 
         print(f"--- the program did not load: {exc} ---", file=sys.stderr)
         return 1
     channel.send("loaded")
-    namespace = {"__name__": "__test__", "__builtins__": builtins, **names}
+    namespace = {**names, "__name__": "__test__", "__builtins__": builtins}
     failed = 0
     for index, test in enumerate(tests):
-        visible = wire.shadows_for(test, names, shadows)
+        visible = wire.shadows_for(test, names.keys() - shadows.keys(), shadows)
+        saved = {name: namespace.get(name, _MISSING) for name in visible}
         namespace.update({name: shadows[name] for name in visible})
         try:
             exec(compile(test, f"<test {index}>", "exec"), namespace)  # noqa: S102 - the row's own tests
@@ -340,9 +311,12 @@ def tests_side(tests: list[str], channel: Channel, requests: int, answers: int) 
         else:
             channel.send("pass", str(index))
         finally:
-            for name in visible:
+            for name, value in saved.items():
                 if namespace.get(name) is shadows[name]:
-                    del namespace[name]
+                    if value is _MISSING:
+                        del namespace[name]
+                    else:
+                        namespace[name] = value
     return 1 if failed else 0
 
 
@@ -355,7 +329,12 @@ def _forward(diagnostics: int, channel: Channel, gate: int) -> None:
         for raw in pipe:
             parts = raw.decode("utf-8", "replace").rstrip("\n").split(" ", 2)
             kind, payload = (parts[1], parts[2] if len(parts) == 3 else "") if len(parts) >= 2 else ("", "")
-            if kind in (("setup", "setup_error") if first else _DIAGNOSTICS) and forwarded < _MAX_DIAGNOSTICS:
+            allowed = (
+                kind in ("setup", "setup_error")
+                if first
+                else _DIAGNOSTICS.get(kind, lambda _: False)(payload)
+            )
+            if allowed and forwarded < _MAX_DIAGNOSTICS:
                 forwarded += 1
                 channel.send(kind, payload)
             if first:
@@ -479,10 +458,8 @@ def main(argv: list[str]) -> None:
     verdict_fd = os.open(verdict_path, os.O_RDONLY)
     os.unlink(config_path)
     os.unlink(verdict_path)
-    protections: list[str] = []
+    protections = [name for name in ("memory_cgroup", "tasks_cgroup") if config.get(name)]
     try:
-        if config["namespaces"]:
-            private_filesystem(int(config["limits"]["max_file_mb"]), protections)
         _check(_libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
     except OSError as exc:  # no nonce yet (it must never be in the program's memory): stderr says why
         print(f"sandbox set-up failed: {exc}", file=sys.stderr, flush=True)

@@ -2,14 +2,16 @@
 
 With tests, :mod:`rewards.sandbox.boot` runs the program in one sandboxed process and the tests in another
 that never executes the program's code. The test side sees the program's globals as :class:`Remote`
-proxies: calling one, reading an attribute, iterating, ``len``, ``in``, ``[]``, ``bool`` and ``str`` are
-requests over a pipe, answered by :func:`serve` in the program's process. Only plain values cross, as
+proxies: calling one, reading an attribute, iterating, ``len``, ``[]``, ``bool`` and ``str`` are
+requests over a pipe, answered by :func:`serve` in the program's process (``in`` iterates, so the test side
+compares each item itself). Only plain values cross, as
 newline-delimited JSON with tags, and each is rebuilt on the test side from the standard types:
 
 ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``, ``list``, ``tuple``, ``dict``,
-``set``, ``frozenset``
+``set``, ``frozenset``, ``range``, ``fractions.Fraction``, ``decimal.Decimal``
 
-(subclasses cross as their base type). Anything else the program hands over (its own classes' instances,
+(subclasses cross as their base type, so a namedtuple arrives as a tuple and a ``Counter`` as a dict; a
+numpy scalar crosses as its Python value). Anything else the program hands over (its own classes' instances,
 functions, generators) crosses as an opaque handle: a :class:`Remote` that is equal only to itself, so an
 object whose ``__eq__`` always says yes never meets the test's expected value. Exceptions cross as their
 type name and message, rebuilt as the built-in exception of that name or as :class:`ProgramError`.
@@ -28,13 +30,16 @@ from __future__ import annotations
 import ast
 import base64
 import builtins
-import contextlib
+import decimal
+import fractions
 import importlib
+import importlib.util
 import json
 import math
 import operator
 import os
 import sys
+import sysconfig
 import types
 from typing import Any
 
@@ -48,7 +53,6 @@ _DUNDERS = {
     "__next__": next,
     "__len__": len,
     "__getitem__": operator.getitem,
-    "__contains__": operator.contains,
     "__bool__": bool,
     "__str__": str,
 }
@@ -91,6 +95,16 @@ def encode(value: Any, handles: Handles | None = None, depth: int = 0) -> Any:
         return {"bytes": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, complex):
         return {"complex": [encode(value.real), encode(value.imag)]}
+    if isinstance(value, fractions.Fraction):
+        return {"fraction": [encode(value.numerator), encode(value.denominator)]}
+    if isinstance(value, decimal.Decimal):
+        return {"decimal": str(value)}
+    if isinstance(value, range):
+        return {"range": [encode(value.start), encode(value.stop), encode(value.step)]}
+    if handles is not None and type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
+        item = value.item()  # a numpy scalar (np.int64 from np.sum): its Python value
+        if type(item) in (bool, int, float, complex, str, bytes):
+            return encode(item)
     inner = depth + 1
     if isinstance(value, list):
         return [encode(item, handles, inner) for item in list.__iter__(value)]
@@ -128,6 +142,10 @@ def decode(data: Any, resolve: Any, depth: int = 0) -> Any:
         return base64.b64decode(body, validate=True)
     if tag == "complex" and isinstance(body, list) and len(body) == 2:
         return complex(*(float(decode(part, resolve, inner)) for part in body))
+    if tag == "decimal" and isinstance(body, str):
+        return decimal.Decimal(body)
+    if tag in ("fraction", "range") and isinstance(body, list) and all(type(part) is int for part in body):
+        return fractions.Fraction(*body) if tag == "fraction" else range(*body)
     if tag == "handle" and isinstance(body, int) and resolve is not None:
         return resolve(body)
     if isinstance(body, list):
@@ -143,33 +161,55 @@ def decode(data: Any, resolve: Any, depth: int = 0) -> Any:
 
 
 def shadows_for(test: str, program_names: Any, shadows: Any) -> set[str]:
-    """Which program globals that shadow a built-in a test sees: only a function under test.
+    """Which program globals that shadow a built-in a test sees: at most one, the function under test.
 
     The tests see the real built-ins, so a program cannot answer for ``set``, ``sorted`` or ``abs`` inside an
-    assert about another function. The one exception is MBPP's shape where the function under test itself
-    has a built-in's name (``def sum(a, b)`` with ``assert sum(10, 15) == 6``): a shadowing name is visible
-    to a test when the test's top-level ``assert`` statements call it and call no other program function.
+    assert about another function. The exception is a function under test that has a built-in's name: MBPP's
+    ``def sum(a, b)`` with ``assert sum(10, 15) == 6``, or a HumanEval entry point passed as
+    ``check(sum)``. A shadowing name is visible when the test's top-level asserts call no other program
+    function and, of the shadowing names they call, exactly one is innermost (called with no shadowing call
+    inside its arguments): in ``set(filter(xs)) == set([2])`` that is ``filter``, and ``set`` stays built in.
 
     Example:
         >>> sorted(shadows_for("assert sum(10, 15) == 6", {"helper"}, {"sum"}))
         ['sum']
         >>> shadows_for("assert set(f(1)) == set([1])", {"f"}, {"set"})
         set()
+        >>> sorted(shadows_for("assert abs(max([1, 3]) - 3) < 1e-9", set(), {"max", "abs"}))
+        ['max']
     """
     try:
         tree = ast.parse(test)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return set()
-    called = {
-        node.func.id
+    shadows, program_names = set(shadows), set(program_names)
+    passed = {  # check(sum): the HumanEval line parse_tests appends
+        arg.id
+        for statement in tree.body
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call)
+        for arg in statement.value.args
+        if isinstance(arg, ast.Name) and arg.id in shadows
+    }
+    calls = [
+        node
         for statement in tree.body
         if isinstance(statement, ast.Assert)
         for node in ast.walk(statement)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-    }
-    if called & set(program_names):
-        return set()
-    return called & set(shadows)
+    ]
+    if any(node.func.id in program_names for node in calls):
+        return passed if len(passed) == 1 else set()
+
+    def shadow_call_inside(node: ast.Call) -> bool:
+        return any(
+            isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id in shadows
+            for argument in (*node.args, *(keyword.value for keyword in node.keywords))
+            for inner in ast.walk(argument)
+        )
+
+    innermost = {node.func.id for node in calls if node.func.id in shadows and not shadow_call_inside(node)}
+    chosen = innermost | passed
+    return chosen if len(chosen) == 1 else set()
 
 
 def _dump(message: dict) -> bytes:
@@ -262,6 +302,31 @@ def serve(namespace: dict, requests: int, answers: int, report: Any = None) -> N
         writer.write(answer)
 
 
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def _stdlib_module(name: Any) -> types.ModuleType | None:
+    """``name`` imported on the test side when it is a standard-library module found in the standard library's
+    own directory (or built in), never from ``site-packages`` or a path the program could write to."""
+    if not isinstance(name, str) or name.split(".")[0] not in sys.stdlib_module_names:
+        return None
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(spec, "origin", None) if spec is not None else None
+    if origin not in ("built-in", "frozen") and not (
+        isinstance(origin, str) and os.path.realpath(origin).startswith(os.path.realpath(_STDLIB) + os.sep)
+    ):
+        return None
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
 class Link:
     """The test side of the channel: sends requests, rebuilds answers, keeps one :class:`Remote` per handle."""
 
@@ -300,27 +365,37 @@ class Link:
         return self._remotes[number]
 
     def globals(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The program's globals as the tests see them, and apart from them those that shadow a built-in
-        (see :func:`shadows_for`); raises :class:`ProgramGone` if the program did not load."""
+        """The program's globals as the tests see them, and apart from them those that shadow a built-in or a
+        standard-library module (see :func:`shadows_for`); raises :class:`ProgramGone` if the program did not
+        load."""
         message = self._receive()
         names = message.get("globals")
         if not isinstance(names, dict):
             raise ProgramGone("the program did not load")
         result: dict[str, Any] = {}
+        shadows: dict[str, Any] = {}
         for name, entry in names.items():
-            if not isinstance(name, str) or not name.isidentifier() or not isinstance(entry, dict):
+            if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
                 continue
-            module = entry.get("module")
-            if isinstance(module, str):
-                if module.split(".")[0] in sys.stdlib_module_names and not hasattr(builtins, name):
-                    with contextlib.suppress(ImportError):  # the test side's own copy
-                        result[name] = importlib.import_module(module)
+            module = entry.get("module") if isinstance(entry, dict) else None
+            if isinstance(module, str):  # the test side's own copy of a standard-library module
+                found = _stdlib_module(module)
+                if found is not None:
+                    result[name] = found
                 continue
             try:
-                result[name] = decode(entry.get("value"), self.remote)
+                value = decode(entry.get("value") if isinstance(entry, dict) else None, self.remote)
             except (CannotCross, RecursionError, ValueError, TypeError):
                 continue
-        shadows = {name: result.pop(name) for name in list(result) if hasattr(builtins, name)}
+            if hasattr(builtins, name) or name in sys.stdlib_module_names:
+                # Shadows a built-in or a standard-library module (a fake ``math``): visible only as a function
+                # under test (shadows_for); otherwise the tests get the real one.
+                shadows[name] = value
+                found = _stdlib_module(name)
+                if found is not None:
+                    result[name] = found
+            else:
+                result[name] = value
         return result, shadows
 
     def request(
@@ -349,6 +424,8 @@ class Link:
         text = str(answer.get("message", ""))
         kind = getattr(builtins, name, None)
         rebuilt = None
+        if kind is StopIteration and op != "__next__":
+            kind = None  # would end the caller's loop (all(), any(), a generator) as if the program had no answer
         if isinstance(kind, type) and issubclass(kind, Exception):
             try:
                 rebuilt = kind(text)
@@ -388,9 +465,6 @@ class Remote:
 
     def __getitem__(self, key: Any) -> Any:
         return self._link.request("__getitem__", self._handle, (key,))
-
-    def __contains__(self, item: Any) -> bool:
-        return self._link.request("__contains__", self._handle, (item,)) is True
 
     def __bool__(self) -> bool:
         return self._link.request("__bool__", self._handle) is True

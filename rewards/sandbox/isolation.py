@@ -1,9 +1,10 @@
 """Which isolation this machine allows the code sandbox, found once per process by a real run.
 
-:func:`sandbox_isolation` runs ``print('ok')`` under ``unshare`` (see :mod:`rewards.sandbox`);
-when that works every ``isolation="auto"`` run uses fresh namespaces, otherwise plain processes,
-with one warning that says why and what to change. :func:`boundary_for` is the recipes' side of it:
-the code reward and the Coding Agent fail closed where namespaces cannot be made.
+:func:`sandbox_isolation` runs a probe inside the boundary (bubblewrap, :mod:`rewards.sandbox.bwrap`) and
+checks what it sees: an unprivileged host uid, no ``/etc``, no caller's files. When that holds every
+``isolation="auto"`` run uses the boundary, otherwise plain processes, with one warning that says why and
+what to change. :func:`boundary_for` is the recipes' side of it: the code reward and the Coding Agent fail
+closed where the boundary cannot be built.
 
 Example:
     >>> sandbox_isolation().namespaces in (True, False)
@@ -13,37 +14,21 @@ Example:
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import threading
 from dataclasses import dataclass
 
+from rewards.sandbox import bwrap
+
 logger = logging.getLogger(__name__)
 
+_PROBE = (
+    "import os\n"
+    "caps = [line.split()[1] for line in open('/proc/self/status') if line.startswith('CapEff')]\n"
+    "print(os.getuid(), caps[0], os.path.exists('/etc'), os.path.exists('/root/.netrc'))"
+)
+"""What the boundary probe prints: its uid, effective capabilities, and whether host files show."""
 _lock = threading.Lock()
 _isolation: Isolation | None = None
-
-
-def namespace_command() -> tuple[str, ...] | None:
-    """The command prefix that starts a program in fresh namespaces, or None without ``unshare``.
-
-    ``setpriv --pdeathsig KILL`` (when present) makes ``unshare`` die with the thread that
-    started it; ``--kill-child`` takes the namespace down with it.
-
-    Example:
-        >>> (namespace_command() or ("--",))[-1]
-        '--'
-    """
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return None
-    command = [unshare, "--net", "--pid", "--mount-proc", "--fork", "--kill-child"]
-    if os.geteuid() != 0:
-        command += ["--user", "--map-root-user"]
-    setpriv = shutil.which("setpriv")
-    if setpriv is not None:
-        command = [setpriv, "--pdeathsig", "KILL", *command]
-    return (*command, "--")
 
 
 @dataclass(frozen=True)
@@ -51,7 +36,6 @@ class Isolation:
     """What this machine allows, found once per process by :func:`sandbox_isolation`."""
 
     namespaces: bool
-    command: tuple[str, ...]
     reason: str = ""
 
 
@@ -75,23 +59,29 @@ def sandbox_isolation() -> Isolation:
         stale = sweep_stale_workdirs()
         if stale:
             logger.info("Deleted %d sandbox directories left by killed processes.", stale)
-        command = namespace_command()
-        if command is None:
-            reason = "util-linux 'unshare' is not installed"
-        else:
-            probe = run_python("print('ok')", timeout_s=30.0, isolation="namespaces")
-            if probe.ok and probe.stdout == "ok\n":
-                _isolation = Isolation(True, command)
+        reason = bwrap.missing_tools()
+        if reason is None:
+            probe = run_python(_PROBE, timeout_s=30.0, isolation="namespaces")
+            seen = probe.stdout.split()
+            if probe.ok and seen == ["65534", "0000000000000000", "False", "False"]:
+                _isolation = Isolation(True)
                 _report(probe.protections)
                 return _isolation
-            reason = probe.sandbox_error or probe.stderr.strip()[-300:] or f"probe ended with {probe.status}"
-        _isolation = Isolation(False, (), reason)
+            reason = (
+                probe.sandbox_error
+                or probe.stderr.strip()[-300:]
+                or (
+                    f"the probe saw uid, capabilities, files: {seen}"
+                    if probe.ok
+                    else f"probe ended with {probe.status}"
+                )
+            )
+        _isolation = Isolation(False, reason)
         logger.warning(
-            "The code sandbox cannot create namespaces here (%s), so programs run as plain processes: "
-            "limits, seccomp (no sockets, no processes) and a scrubbed environment still apply, but "
-            "file writes outside the working directory are only refused inside Python. Allow user "
-            "namespaces (sysctl kernel.unprivileged_userns_clone=1, or a container run with "
-            "--security-opt seccomp=unconfined) to get them.",
+            "The code sandbox cannot build its boundary here (%s), so library calls with isolation='auto' run "
+            "programs as plain processes: limits, seccomp (no sockets, no processes) and a scrubbed environment "
+            "still apply, but the program can read what this user can. Install bubblewrap 0.8+ and allow user "
+            "namespaces (sysctl kernel.unprivileged_userns_clone=1; in Docker --security-opt seccomp=unconfined).",
             reason,
         )
         probe = run_python("print('ok')", timeout_s=30.0, isolation="process")
@@ -166,7 +156,8 @@ def boundary_for(policy: str, who: str) -> str:
     if not found.namespaces:
         raise NoBoundaryError(
             f"{who}: no sandbox boundary can be built on this machine ({found.reason}), so model-written code "
-            "will not run. Allow user namespaces (install util-linux; in Docker run with --security-opt "
+            "will not run. Install bubblewrap 0.8+ (apt-get install bubblewrap) and allow user namespaces (in Docker run "
+            "with --security-opt "
             "seccomp=unconfined), or set isolation: unsafe_process to run it without a boundary (docs/rewards.md)."
         )
     return "namespaces"

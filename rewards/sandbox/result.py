@@ -21,6 +21,22 @@ from dataclasses import dataclass, field
 
 MAX_REPORT_BYTES = 1 << 20
 """At most this much is read from the result pipe."""
+BOUNDARY_PROTECTIONS = frozenset(
+    {
+        "bwrap",
+        "userns",
+        "netns",
+        "pidns",
+        "mountns",
+        "ipcns",
+        "utsns",
+        "cgroupns",
+        "minimal_root",
+        "readonly_root",
+    }
+    | {"private_tmp", "no_host_uid"}
+)
+"""What a run inside the boundary (:mod:`rewards.sandbox.bwrap`) always has."""
 LIMIT_KINDS = ("wall_time", "cpu_time", "memory", "processes", "output", "file_size", "network")
 """Names in :attr:`ExecutionResult.limits_hit`."""
 
@@ -138,7 +154,7 @@ def assemble_result(
         if kind == "setup":
             protections = frozenset(filter(None, payload.split(",")))
             if namespaces:
-                protections |= {"netns", "pidns", "mountns"}
+                protections |= BOUNDARY_PROTECTIONS
         elif kind == "setup_error":
             setup_error = payload
         elif kind == "pass" and payload.isdigit():
@@ -148,8 +164,11 @@ def assemble_result(
         elif kind == "exception":
             exceptions.append(payload)
         elif kind == "exit":
-            status = json.loads(payload)
-            exit_code, sig, cpu_s = status["code"], status["signal"], status["cpu_s"]
+            try:
+                status = json.loads(payload)
+                exit_code, sig, cpu_s = status["code"], status["signal"], status["cpu_s"]
+            except (ValueError, TypeError, KeyError):
+                pass  # cut off at the report cap: the process's own exit status stands
     if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s is not None and cpu_s >= 0.9 * cpu_limit_s):
         limits_hit.add("cpu_time")
     if sig == signal.SIGXFSZ:

@@ -4,7 +4,8 @@
 gives the bytes of its ``sock_filter[]`` array (what ``prctl(PR_SET_SECCOMP)`` and ``bwrap --seccomp`` take);
 :func:`install` installs it on the calling thread's process. What it refuses: new processes (``fork``,
 ``clone`` without ``CLONE_THREAD``; threads stay allowed) unless processes are allowed, ``socket()``, signals
-and ``prlimit`` aimed at any other process, ``ptrace`` and ``process_vm_*``, mounts, new namespaces,
+and ``prlimit`` aimed at any other process, ``fcntl`` ``F_SETOWN``/``F_SETSIG`` (signals on I/O),
+``memfd_create``/``shmget``/``msgget`` unless a memory cgroup counts their pages, ``ptrace`` and ``process_vm_*``, mounts, new namespaces,
 ``setsid``/``setpgid``, ``bpf``, ``perf_event_open``, ``userfaultfd``, keyrings and io_uring. A call of another
 architecture's ABI (x32 on x86_64, a foreign audit arch) kills the process.
 
@@ -28,7 +29,9 @@ _CLONE_THREAD = 0x00010000
 # seccomp return values and classic-BPF opcodes.
 _RET_ALLOW, _RET_ERRNO, _RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
 _LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
-_OFFSET_NR, _OFFSET_ARCH, _OFFSET_ARG0 = 0, 4, 16
+_OFFSET_NR, _OFFSET_ARCH, _OFFSET_ARG0, _OFFSET_ARG1 = 0, 4, 16, 24
+_F_SETOWN, _F_SETSIG, _F_SETOWN_EX = 8, 10, 15
+"""fcntl commands that make the kernel signal a chosen process (SIGIO or any signal) on I/O."""
 
 # Per architecture: the audit arch value, a syscall-number floor to refuse (x32 on x86_64), and the
 # syscall numbers the filter handles (None: the architecture has no such call).
@@ -43,6 +46,11 @@ _SYSCALLS = {  # name: (x86_64, aarch64)
     "clone3": (435, 435),
     "socket": (41, 198),
     "kill": (62, 129),
+    "fcntl": (72, 25),
+    "memfd_create": (319, 279),
+    "memfd_secret": (447, 447),
+    "shmget": (29, 194),
+    "msgget": (68, 186),
     "prlimit64": (302, 261),
     "tkill": (200, 130),
     "tgkill": (234, 131),
@@ -81,11 +89,19 @@ _SYSCALLS = {  # name: (x86_64, aarch64)
 _PROCESS_CALLS = ("fork", "vfork", "clone", "clone3")
 _SELF_ONLY = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "prlimit64")
 """Allowed only aimed at this process (argument 0 is 0 or its pid): signals, and limits of another process."""
-_DENIED = tuple(name for name in _SYSCALLS if name not in (*_PROCESS_CALLS, *_SELF_ONLY, "socket"))
+_SHARED_MEMORY = ("memfd_create", "memfd_secret", "shmget", "msgget")
+"""Refused where no memory cgroup counts their pages (``RLIMIT_AS`` does not)."""
+_DENIED = tuple(
+    name
+    for name in _SYSCALLS
+    if name not in (*_PROCESS_CALLS, *_SELF_ONLY, *_SHARED_MEMORY, "socket", "fcntl")
+)
 """Refused outright (EPERM): tracing, mounts, namespaces, new sessions, bpf, keyrings, io_uring."""
 
 
-def program(arch: str, own_pid: int, allow_processes: bool) -> list[tuple[int, int, int, int]]:
+def program(
+    arch: str, own_pid: int, allow_processes: bool, deny_shared_memory: bool = True
+) -> list[tuple[int, int, int, int]]:
     """The classic-BPF seccomp filter as ``(code, jt, jf, k)`` instructions."""
     audit_arch, x32_floor = _ARCHES[arch]
     column = 0 if arch == "x86_64" else 1
@@ -111,6 +127,15 @@ def program(arch: str, own_pid: int, allow_processes: bool) -> list[tuple[int, i
         targets = (own_pid,) if name in ("tgkill", "rt_tgsigqueueinfo", "tkill") else (0, own_pid)
         rules.append((name, arg0_in(targets, errno.EPERM)))
     rules += [(name, [deny(errno.EPERM)]) for name in _DENIED]
+    owner = [
+        (_LD_ABS, 0, 0, _OFFSET_ARG1),
+        (_JEQ, 2, 0, _F_SETOWN),
+        (_JEQ, 1, 0, _F_SETSIG),
+        (_JEQ, 0, 1, _F_SETOWN_EX),
+    ]
+    rules.append(("fcntl", [*owner, deny(errno.EPERM), allow]))  # F_SETOWN/F_SETSIG: signals to any process
+    if deny_shared_memory:
+        rules += [(name, [deny(errno.EPERM)]) for name in _SHARED_MEMORY]
 
     program = [(_LD_ABS, 0, 0, _OFFSET_ARCH), (_JEQ, 1, 0, audit_arch), kill, (_LD_ABS, 0, 0, _OFFSET_NR)]
     if x32_floor is not None:
@@ -125,12 +150,12 @@ def program(arch: str, own_pid: int, allow_processes: bool) -> list[tuple[int, i
     return program
 
 
-def install(libc: ctypes.CDLL, own_pid: int, allow_processes: bool) -> bool:
+def install(libc: ctypes.CDLL, own_pid: int, allow_processes: bool, deny_shared_memory: bool = True) -> bool:
     """Install the filter; False when this architecture is not covered."""
     arch = platform.machine()
     if arch not in _ARCHES:
         return False
-    instructions = program(arch, own_pid, allow_processes)
+    instructions = program(arch, own_pid, allow_processes, deny_shared_memory)
     data = packed(instructions)
     buffer = ctypes.create_string_buffer(data, len(data))
     prog = struct.pack("HP", len(instructions), ctypes.addressof(buffer))  # struct sock_fprog

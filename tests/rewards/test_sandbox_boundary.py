@@ -29,7 +29,13 @@ def _interpreter_uids(stop: threading.Event, seen: set[int]) -> None:
     while not stop.is_set():
         for entry in os.listdir("/proc"):
             try:
-                if entry.isdigit() and b"sandbox/boot.py" in Path("/proc", entry, "cmdline").read_bytes():
+                argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0") if entry.isdigit() else []
+                # the interpreter only: its launcher (unshare, sh, setpriv) is root until it drops the uid
+                if (
+                    argv
+                    and os.path.basename(argv[0]).startswith(b"python")
+                    and b"sandbox/boot.py" in argv[-4]
+                ):
                     status = Path("/proc", entry, "status").read_text()
                     seen.add(int(status.split("Uid:")[1].split()[0]))
             except (OSError, IndexError, ValueError):

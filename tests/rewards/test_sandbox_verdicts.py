@@ -223,7 +223,10 @@ def max_chain_length(pairs, n):
     pairs = sorted(pairs, key=lambda p: p.a)
     return sum(1 for p in pairs if p.b > p.a)
 def shapes():
-    return [1, 2.5, "s", b"b", (1, (2,)), {"k": [None, True]}, {1, 2}, frozenset({3}), 2 ** 100, complex(1, 2)]
+    from fractions import Fraction
+    from decimal import Decimal
+    return [1, 2.5, "s", b"b", (1, (2,)), {"k": [None, True]}, {1, 2}, frozenset({3}), 2 ** 100, complex(1, 2),
+            float("inf"), Fraction(1, 3), Decimal("0.1"), range(3)]
 def counts(text):
     return dict(Counter(text))
 def numbers(n):
@@ -240,7 +243,7 @@ class Stack:
     tests = [
         "assert max_chain_length([Pair(5, 24), Pair(15, 25), Pair(27, 40), Pair(50, 60)], 4) == 4",
         "assert shapes() == [1, 2.5, 's', b'b', (1, (2,)), {'k': [None, True]}, {1, 2}, frozenset({3}), 2 ** 100, "
-        "1 + 2j]",
+        "1 + 2j, float('inf'), __import__('fractions').Fraction(1, 3), __import__('decimal').Decimal('0.1'), range(3)]",
         "assert counts('aab') == {'a': 2, 'b': 1}",
         "assert list(numbers(4)) == [0, 1, 4, 9] and sum(numbers(3)) == 5",
         "assert LIMIT == 10 and math.isclose(math.sqrt(2) ** 2, 2)",

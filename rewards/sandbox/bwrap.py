@@ -1,0 +1,331 @@
+"""The isolation boundary of the code sandbox: bubblewrap, plus a cgroup and a dedicated uid when run as root.
+
+Each run starts ``boot.py`` inside a fresh `bubblewrap <https://github.com/containers/bubblewrap>`_ (``bwrap``
+0.8 or newer, the engine Flatpak uses; Debian/Ubuntu ``apt-get install bubblewrap``, Fedora ``dnf install
+bubblewrap``) with:
+
+- **every namespace new**: user, mount, PID, network, IPC, UTS and cgroup (``--unshare-all``), no nested user
+  namespaces (``--disable-userns``), a new session, ``--die-with-parent``, every capability dropped, and
+  ``boot.py`` as PID 1 of its namespace (``--as-pid-1``: no helper process of the same uid to ``ptrace`` or read);
+- **a minimal root**: an empty ``tmpfs`` with read-only binds of ``/usr``, the interpreter's prefix, the
+  virtualenv and this directory only (no ``/etc``, no ``/home``, no ``/root`` contents, no ``/sys``); a ``/dev``
+  of ``null``/``zero``/``full``/``random``/``urandom``/``tty`` remounted read-only (no host device node);
+- **size-limited writable mounts**, all ``nosuid,nodev``: the working directory ``/w``, ``/tmp`` and
+  ``/dev/shm``, each a ``tmpfs`` of ``max_file_mb``; the run's files are copied in from sealed memfds, so
+  nothing of the run exists on the host's disk and nothing is left to clean;
+- an empty environment for ``bwrap`` itself, and the sandbox's own variables for the program.
+
+As root, ``bwrap`` would map the program's uid onto host uid 0. So a root caller starts it through
+:data:`LAUNCHER` (util-linux ``unshare``, ``mount``, ``setpriv``): in a private mount namespace it binds the
+paths above into a world-readable staging ``tmpfs`` (the interpreter may live under a 0700 ``/root``), joins the
+run's cgroups, and drops to :data:`SANDBOX_UID` before ``bwrap`` runs. The cgroups (:class:`Cgroups`) bound
+memory (``memory.max``, or v1 ``memory.limit_in_bytes``; this counts memfd, SysV and ``tmpfs`` pages and
+inodes, which ``RLIMIT_AS`` misses) and tasks (``pids.max``; threads count) of the whole run. A caller that is
+not root uses its own uid (mapped to 65534 inside) and gets no cgroup unless one is delegated to it; the
+seccomp filter then refuses ``memfd_create``, ``shmget`` and ``msgget``, and ``RLIMIT_NPROC`` bounds tasks.
+
+Example:
+    >>> bwrap_version() is None or bwrap_version() >= (0, 8)
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MIN_VERSION = (0, 8)
+"""``--disable-userns`` and ``--size`` (0.8.0, Debian 12 and Ubuntu 24.04)."""
+SANDBOX_UID = 0x6D6E_0000
+"""The host uid (and gid) a root caller's runs use: unprivileged, owning no file; high above any subuid range."""
+WORKDIR = "/w"
+"""The working directory inside the sandbox."""
+STAGE = "/run/dna-sandbox-stage"
+"""Where a root caller's private mount namespace stages the read-only binds (empty on the host)."""
+CGROUP_SLACK_MB = 96
+"""Memory the cgroup allows on top of ``memory_mb``: the supervisor and the tests' interpreter."""
+CGROUP_TASKS = 64
+"""``pids.max`` of a run: supervisor, program, tests and their threads."""
+LAUNCHER = r"""set -e
+stage=$1; shift; n=0
+mount -t tmpfs -o size=1m,mode=755,nosuid,nodev tmpfs "$stage"
+while [ "$1" != -- ]; do mkdir "$stage/$n"; mount --bind -o ro "$1" "$stage/$n"; n=$((n+1)); shift; done
+shift
+for procs in $CGROUP_PROCS; do echo $$ > "$procs"; done
+exec setpriv --reuid=$SANDBOX_UID --regid=$SANDBOX_UID --clear-groups --inh-caps=-all "$@"
+"""
+"""The root caller's step before ``bwrap`` (run by ``unshare --mount --propagation private sh -c``)."""
+
+_counter = itertools.count()
+
+
+@functools.cache
+def bwrap_version() -> tuple[int, ...] | None:
+    """The installed ``bwrap`` version, or None when it is missing or does not answer."""
+    path = shutil.which("bwrap")
+    if path is None:
+        return None
+    try:
+        text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, env={}).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(part) for part in found.groups() if part is not None) if found else None
+
+
+def missing_tools() -> str | None:
+    """Why this machine cannot build the boundary (a missing or old tool), or None."""
+    version = bwrap_version()
+    if version is None:
+        return "bubblewrap (bwrap) is not installed; install it: apt-get install bubblewrap (or dnf install bubblewrap)"
+    if version < MIN_VERSION:
+        return f"bubblewrap {'.'.join(map(str, version))} is older than 0.8; install a newer bubblewrap"
+    if os.geteuid() == 0:
+        for tool in ("unshare", "mount", "setpriv", "sh"):
+            if shutil.which(tool) is None:
+                return f"util-linux '{tool}' is not installed (apt-get install util-linux mount)"
+    return None
+
+
+def _cgroup_roots() -> dict[str, Path]:
+    """Where this process's memory and pids cgroups are, per controller, when it may create children there."""
+    roots: dict[str, Path] = {}
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return roots
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: both controllers, if they are enabled for our children
+            base = Path("/sys/fs/cgroup", path.lstrip("/"))
+            try:
+                enabled = (base / "cgroup.subtree_control").read_text().split()
+            except OSError:
+                continue
+            for controller in ("memory", "pids"):
+                if controller in enabled and os.access(base, os.W_OK):
+                    roots.setdefault(controller, base)
+        else:
+            for controller in controllers.split(","):
+                base = Path("/sys/fs/cgroup", controller, path.lstrip("/"))
+                if controller in ("memory", "pids") and os.access(base, os.W_OK):
+                    roots[controller] = base
+    return roots
+
+
+@dataclass
+class Cgroups:
+    """One run's memory and pids cgroups (v2 or v1), made before it starts and removed after it ends."""
+
+    memory: Path | None = None
+    pids: Path | None = None
+    made: list[Path] = field(default_factory=list)
+
+    @classmethod
+    def make(cls, memory_mb: int, max_tasks: int) -> Cgroups:
+        """New cgroups under this process's own, where it may make them; none (logged once) where not."""
+        roots = _cgroup_roots()
+        groups = cls()
+        name = f"dna-sandbox-{os.getpid()}-{next(_counter)}"
+        for controller in ("memory", "pids"):
+            root = roots.get(controller)
+            if root is None:
+                continue
+            path = root / name
+            try:
+                if path not in groups.made:
+                    path.mkdir()
+                    groups.made.append(path)
+                if controller == "memory":
+                    limit = str((memory_mb + CGROUP_SLACK_MB) << 20)
+                    if (path / "memory.max").exists():
+                        (path / "memory.max").write_text(limit)
+                        with contextlib.suppress(OSError):
+                            (path / "memory.swap.max").write_text("0")
+                    else:
+                        (path / "memory.limit_in_bytes").write_text(limit)
+                    groups.memory = path
+                else:
+                    (path / "pids.max").write_text(str(max_tasks))
+                    groups.pids = path
+            except OSError as exc:
+                logger.warning("Could not set up the sandbox's %s cgroup %s: %s", controller, path, exc)
+        return groups
+
+    @property
+    def procs(self) -> list[str]:
+        """The ``cgroup.procs`` files a run's first process writes its pid into."""
+        return sorted({str(path / "cgroup.procs") for path in (self.memory, self.pids) if path is not None})
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel killed a process of the run for the memory limit."""
+        if self.memory is None:
+            return False
+        for name in ("memory.events", "memory.oom_control"):
+            with contextlib.suppress(OSError):
+                text = (self.memory / name).read_text()
+                found = re.search(r"^oom_kill (\d+)", text, re.MULTILINE)
+                if found:
+                    return int(found[1]) > 0
+        return False
+
+    def remove(self) -> None:
+        """Kill what is left in the run's cgroups and remove them; never raises."""
+        for path in reversed(self.made):
+            with contextlib.suppress(OSError):
+                (path / "cgroup.kill").write_text("1")
+            for _ in range(100):
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    with contextlib.suppress(OSError, ValueError):
+                        for pid in (path / "cgroup.procs").read_text().split():
+                            os.kill(int(pid), 9)
+                    time.sleep(0.01)
+            else:
+                logger.warning("Could not remove the sandbox cgroup %s.", path)
+
+
+def leftover_cgroups() -> list[Path]:
+    """This machine's sandbox cgroups (``dna-sandbox-<pid>-<n>`` under the cgroups this process may use)."""
+    return sorted(path for root in set(_cgroup_roots().values()) for path in root.glob("dna-sandbox-*-*"))
+
+
+def sweep_stale_cgroups() -> int:
+    """Remove the cgroups of callers that were killed mid-run (their pid is gone); how many."""
+    removed = 0
+    for path in leftover_cgroups():
+        pid = path.name.removeprefix("dna-sandbox-").split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            Cgroups(made=[path]).remove()
+            removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+def _binds() -> list[str]:
+    """Host paths bound read-only at the same path inside: the interpreter, the virtualenv, this directory."""
+    paths = [sys.base_prefix, sys.prefix, str(Path(__file__).resolve().parent)]
+    unique: list[str] = []
+    for path in map(os.path.realpath, paths):
+        if path not in unique and not any(path.startswith(other + os.sep) for other in unique):
+            unique = [other for other in unique if not other.startswith(path + os.sep)] + [path]
+    return unique
+
+
+def command(
+    argv: list[str], files: dict[str, int], max_file_mb: int, env: dict[str, str], cgroups: Cgroups
+) -> list[str]:
+    """The full command line that runs ``argv`` (an interpreter and its arguments) inside the boundary.
+
+    Args:
+        argv: What runs inside, e.g. ``[sys.executable, "-I", ..., "/w/.sandbox.json", "5"]``.
+        files: ``{name: fd}``: memfds copied to ``/w/<name>`` (``bwrap --file``); pass the fds through.
+        max_file_mb: Size of each writable ``tmpfs`` (``/w``, ``/tmp``, ``/dev/shm``).
+        env: The program's environment.
+        cgroups: The run's cgroups (root only).
+    """
+    size = str(max(1, max_file_mb) << 20)
+    binds = _binds()
+    root = os.geteuid() == 0
+    sources = [f"{STAGE}/{i}" for i in range(len(binds))] if root else binds
+    inner = [
+        "bwrap",
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--uid",
+        "65534",
+        "--gid",
+        "65534",
+    ]
+    inner += [
+        "--hostname",
+        "sandbox",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--as-pid-1",
+    ]
+    inner += ["--tmpfs", "/", "--ro-bind", "/usr", "/usr"]
+    for link in ("lib", "lib64", "bin", "sbin"):
+        if os.path.islink(f"/{link}") or not os.path.exists(f"/{link}"):
+            inner += ["--symlink", f"usr/{link}", f"/{link}"]
+        else:
+            inner += ["--ro-bind", f"/{link}", f"/{link}"]
+    for source, target in zip(sources, binds, strict=True):
+        inner += ["--ro-bind", source, target]
+    inner += [
+        "--dev",
+        "/dev",
+        "--size",
+        size,
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/dev/shm",
+        "--remount-ro",
+        "/dev",
+    ]
+    inner += ["--proc", "/proc", "--size", size, "--perms", "1777", "--tmpfs", "/tmp"]
+    inner += ["--size", size, "--perms", "0700", "--tmpfs", WORKDIR]
+    for name, fd in files.items():
+        inner += ["--file", str(fd), f"{WORKDIR}/{name}"]
+    inner += ["--chdir", WORKDIR, "--remount-ro", "/", "--clearenv"]
+    for key, value in env.items():
+        inner += ["--setenv", key, value]
+    inner += ["--", *argv]
+    if not root:
+        return inner
+    launcher = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        LAUNCHER,
+        "sh",
+        STAGE,
+        *binds,
+        "--",
+    ]
+    return [*launcher, *inner]
+
+
+def launcher_env(cgroups: Cgroups) -> dict[str, str]:
+    """The environment of the root launcher (``bwrap`` itself gets none of the caller's)."""
+    if os.geteuid() != 0:
+        return {}
+    return {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "SANDBOX_UID": str(SANDBOX_UID),
+        "CGROUP_PROCS": " ".join(cgroups.procs),
+    }
+
+
+def ensure_stage() -> None:
+    """Create the (empty, root-owned) staging directory a root caller's launcher mounts over privately."""
+    if os.geteuid() == 0:
+        os.makedirs(STAGE, mode=0o755, exist_ok=True)
