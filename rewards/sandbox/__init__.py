@@ -51,9 +51,7 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import signal
-import stat
 import sys
 import tempfile
 import time
@@ -78,6 +76,7 @@ from rewards.sandbox.result import (
     assemble_result,
     parse_reports,
 )
+from rewards.sandbox.workdir import WORKDIR_PREFIX, _remove_tree, sweep_stale_workdirs
 
 __all__ = [
     "ExecutionResult",
@@ -102,8 +101,6 @@ SETUP_FAILED = 121
 KILL_GRACE_S = 5.0
 """Seconds to wait for pipes to close after the process group was killed."""
 
-WORKDIR_PREFIX = "dna-sandbox-"
-"""Working directories are ``<tempdir>/dna-sandbox-<caller pid>-<random>``."""
 ISOLATIONS = ("auto", "namespaces", "process")
 """What :func:`run_python` accepts (``auto`` falls back to ``process`` where namespaces cannot be made)."""
 
@@ -165,75 +162,6 @@ class Limits:
 def _kill_group(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
         os.killpg(pid, signal.SIGKILL)
-
-
-def _open_up(top: str) -> None:
-    """Give the owner ``rwx`` on every directory under ``top`` (a program may have locked some), never following
-    a link: each directory is opened with ``O_NOFOLLOW`` and changed through that descriptor, so nothing outside
-    the tree changes. Runs after the program's processes are dead, so the tree no longer moves."""
-    stack = [top]
-    while stack:
-        path = stack.pop()
-        try:
-            handle = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError:
-            continue  # a link or a file (rmtree unlinks it without following), or gone
-        try:
-            os.chmod(f"/proc/self/fd/{handle}", stat.S_IRWXU)  # the opened directory itself, not a path
-            with os.scandir(f"/proc/self/fd/{handle}") as entries:
-                names = [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
-        except OSError:
-            names = []
-        finally:
-            os.close(handle)
-        stack.extend(os.path.join(path, name) for name in names)
-
-
-def _remove_tree(path: str) -> None:
-    """Delete a working directory, even parts the program locked; never follows a link, never raises.
-
-    ``shutil.rmtree`` itself never follows links (it works through directory descriptors); what it cannot
-    delete is logged, not raised: a leftover directory must not fail the reward of a whole batch.
-    """
-    try:
-        if not os.path.lexists(path):
-            return
-        if os.path.islink(path) or not os.path.isdir(path):
-            os.unlink(path)
-            return
-        _open_up(path)
-        shutil.rmtree(path, ignore_errors=True)
-        if os.path.lexists(path):
-            logger.warning("Could not delete the sandbox working directory %s; delete it by hand.", path)
-    except Exception as exc:  # noqa: BLE001 - cleanup must never fail a reward
-        logger.warning("Could not delete the sandbox working directory %s: %s", path, exc)
-
-
-def sweep_stale_workdirs() -> int:
-    """Delete working directories left by callers that were killed mid-run; return how many.
-
-    A run removes its own directory; only a caller killed outright (``SIGKILL``, the OOM killer)
-    leaves one behind. Its processes die with it, and the first :func:`sandbox_isolation` of a
-    later process calls this to delete directories of ours whose caller PID no longer exists.
-
-    Example:
-        >>> sweep_stale_workdirs() >= 0
-        True
-    """
-    removed = bwrap.sweep_stale_cgroups()
-    for path in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
-        pid = path.name.removeprefix(WORKDIR_PREFIX).split("-", 1)[0]
-        try:
-            info = path.lstat()  # the entry itself: a link planted under our name is not ours to follow
-            if not pid.isdigit() or info.st_uid != os.geteuid() or not stat.S_ISDIR(info.st_mode):
-                continue
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            _remove_tree(str(path))
-            removed += 1
-        except OSError:
-            continue  # alive (another user's process) or vanished meanwhile
-    return removed
 
 
 async def _communicate(

@@ -38,6 +38,7 @@ from rewards.sandbox import (
     run_python_async,
     sandbox_isolation,
     sweep_stale_workdirs,
+    workdir,
 )
 from rewards.sandbox import channel as channel_module
 from rewards.sandbox import isolation as isolation_module
@@ -544,5 +545,15 @@ def test_real_humaneval_and_mbpp_rows():
 
 
 def test_docstring_examples():
-    for module in (code_module, sandbox, isolation_module, result_module, channel_module, seccomp_module):
+    modules = (
+        code_module,
+        sandbox,
+        isolation_module,
+        result_module,
+        channel_module,
+        seccomp_module,
+        bwrap,
+        workdir,
+    )
+    for module in modules:
         assert doctest.testmod(module).failed == 0
