@@ -177,15 +177,20 @@ def test_the_working_directory_is_size_limited():
 
 @pytest.mark.parametrize("mode", MODES)
 def test_no_signal_or_limit_reaches_another_process(mode):
-    """fcntl(F_SETOWN, F_SETSIG) and prlimit aimed at another process are refused, also without the boundary."""
+    """fcntl(F_SETOWN, F_SETSIG), ioctl(FIOSETOWN, SIOCSPGRP) and prlimit aimed at another process are refused,
+    also without the boundary."""
     victim = subprocess.Popen(["sleep", "30"])
     try:
         program = (
-            "import fcntl, os, resource\n"
+            "import _socket, fcntl, os, resource\n"
             "r, w = os.pipe()\n"
+            "pair = _socket.socketpair()  # no audit event, unlike socket.socketpair\n"
+            "sv = [sock.fileno() for sock in pair]\n"
             "for what, call in (('setown', lambda: fcntl.fcntl(r, fcntl.F_SETOWN, VICTIM)),\n"
             "                   ('setsig', lambda: fcntl.fcntl(r, 10, 9)),\n"
-            "                   ('prlimit', lambda: resource.prlimit(VICTIM, resource.RLIMIT_CPU, (0, 0)))):\n"
+            "                   ('prlimit', lambda: resource.prlimit(VICTIM, resource.RLIMIT_CPU, (0, 0))),\n"
+            "                   ('fiosetown', lambda: fcntl.ioctl(sv[0], 0x8901, (VICTIM).to_bytes(4, 'little'))),\n"
+            "                   ('siocspgrp', lambda: fcntl.ioctl(sv[0], 0x8902, (VICTIM).to_bytes(4, 'little')))):\n"
             "    try:\n"
             "        call()\n"
             "        print(what, 'done')\n"
@@ -198,6 +203,8 @@ def test_no_signal_or_limit_reaches_another_process(mode):
         time.sleep(0.2)
         assert victim.poll() is None, "the program's signal reached another process"
         assert "done" not in result.stdout, result.stdout
+        probes = [line.split()[0] for line in result.stdout.splitlines()]
+        assert probes == ["setown", "setsig", "prlimit", "fiosetown", "siocspgrp"], result.stderr
     finally:
         victim.kill()
         victim.wait()
