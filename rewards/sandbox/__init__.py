@@ -111,6 +111,7 @@ _SANDBOX_ENV = {
     "OMP_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
+    "MALLOC_ARENA_MAX": "2",  # glibc reserves 64 MiB of address space per arena: threads would exhaust RLIMIT_AS
 }
 
 
@@ -159,9 +160,12 @@ class Limits:
                 )
 
 
-def _kill_group(pid: int) -> None:
+def _kill_group(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL the run's process group, unless the process was already reaped (its pid could be reused)."""
+    if process.returncode is not None:
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 async def _communicate(
@@ -192,7 +196,7 @@ async def _communicate(
             room = cap - len(buffer)
             if len(chunk) > room and not overflow:
                 overflow = True
-                _kill_group(process.pid)
+                _kill_group(process)
             buffer += chunk[
                 : max(0, room)
             ]  # past the cap: read to the end and drop (the process counts as done at EOF)
@@ -218,7 +222,7 @@ async def _communicate(
         raise
     timed_out = not waiter.done()
     if pending:
-        _kill_group(process.pid)
+        _kill_group(process)
         _, pending = await asyncio.wait(pending, timeout=KILL_GRACE_S)
         for task in pending:
             task.cancel()
@@ -325,7 +329,7 @@ async def run_python_async(
             env, cwd = bwrap.launcher_env(cgroups), "/"
         else:
             for name, text in files.items():
-                Path(workdir, name).write_text(text, encoding="utf-8")
+                Path(workdir, name).write_bytes(text.encode("utf-8", "replace"))
             command, cwd = argv, workdir
         try:
             process = await asyncio.create_subprocess_exec(
@@ -373,7 +377,7 @@ async def run_python_async(
         )
     finally:
         if process is not None:
-            _kill_group(process.pid)
+            _kill_group(process)
         if result_transport is not None:
             result_transport.close()
         if read_fd is not None:
@@ -386,7 +390,7 @@ async def run_python_async(
 def _memfd(name: str, text: str) -> int:
     """A sealed memfd holding ``text`` (UTF-8), positioned at its start, for ``bwrap --file``."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    data = text.encode("utf-8")
+    data = text.encode("utf-8", "replace")  # a lone surrogate in the program: '?' in the copy for tracebacks
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]

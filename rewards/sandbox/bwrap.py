@@ -49,7 +49,10 @@ logger = logging.getLogger(__name__)
 MIN_VERSION = (0, 8)
 """``--disable-userns`` and ``--size`` (0.8.0, Debian 12 and Ubuntu 24.04)."""
 SANDBOX_UID = 0x6D6E_0000
-"""The host uid (and gid) a root caller's runs use: unprivileged, owning no file; high above any subuid range."""
+"""The first host uid (and gid) a root caller's runs use: unprivileged, owning no file, high above any subuid
+range. Each run takes the next of :data:`SANDBOX_UIDS` in turn, so per-user kernel counters (inotify
+instances, message queues, pipe buffers) are not shared between runs that overlap."""
+SANDBOX_UIDS = 4096
 WORKDIR = "/w"
 """The working directory inside the sandbox."""
 STAGE = "/run/dna-sandbox-stage"
@@ -69,6 +72,7 @@ exec setpriv --reuid=$SANDBOX_UID --regid=$SANDBOX_UID --clear-groups --inh-caps
 """The root caller's step before ``bwrap`` (run by ``unshare --mount --propagation private sh -c``)."""
 
 _counter = itertools.count()
+_uids = itertools.count()
 
 
 @functools.cache
@@ -156,6 +160,8 @@ class Cgroups:
                             (path / "memory.swap.max").write_text("0")
                     else:
                         (path / "memory.limit_in_bytes").write_text(limit)
+                        with contextlib.suppress(OSError):  # swap counted too, where the host accounts it
+                            (path / "memory.memsw.limit_in_bytes").write_text(limit)
                     groups.memory = path
                 else:
                     (path / "pids.max").write_text(str(max_tasks))
@@ -320,7 +326,7 @@ def launcher_env(cgroups: Cgroups) -> dict[str, str]:
         return {}
     return {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-        "SANDBOX_UID": str(SANDBOX_UID),
+        "SANDBOX_UID": str(SANDBOX_UID + next(_uids) % SANDBOX_UIDS),
         "CGROUP_PROCS": " ".join(cgroups.procs),
     }
 

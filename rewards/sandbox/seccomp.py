@@ -3,8 +3,9 @@
 :func:`program` builds the filter for x86_64 or aarch64 as ``(code, jt, jf, k)`` instructions; :func:`packed`
 gives the bytes of its ``sock_filter[]`` array (what ``prctl(PR_SET_SECCOMP)`` and ``bwrap --seccomp`` take);
 :func:`install` installs it on the calling thread's process. What it refuses: new processes (``fork``,
-``clone`` without ``CLONE_THREAD``; threads stay allowed) unless processes are allowed, ``socket()``, signals
-and ``prlimit`` aimed at any other process, ``fcntl`` ``F_SETOWN``/``F_SETSIG`` (signals on I/O),
+``clone`` without ``CLONE_THREAD``, ``execve``; threads stay allowed) unless processes are allowed, ``socket()``,
+signals and ``prlimit`` aimed at any other process, ``fcntl`` ``F_SETOWN``/``F_SETSIG`` and ``ioctl``
+``FIOSETOWN``/``SIOCSPGRP`` (signals on I/O), ``prctl(PR_SET_DUMPABLE)``,
 ``memfd_create``/``shmget``/``msgget`` unless a memory cgroup counts their pages, ``ptrace`` and ``process_vm_*``, mounts, new namespaces,
 ``setsid``/``setpgid``, ``bpf``, ``perf_event_open``, ``userfaultfd``, keyrings and io_uring. A call of another
 architecture's ABI (x32 on x86_64, a foreign audit arch) kills the process.
@@ -32,6 +33,10 @@ _LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _OFFSET_NR, _OFFSET_ARCH, _OFFSET_ARG0, _OFFSET_ARG1 = 0, 4, 16, 24
 _F_SETOWN, _F_SETSIG, _F_SETOWN_EX = 8, 10, 15
 """fcntl commands that make the kernel signal a chosen process (SIGIO or any signal) on I/O."""
+_FIOSETOWN, _SIOCSPGRP = 0x8901, 0x8902
+"""The same through ioctl on a socket."""
+_PR_SET_DUMPABLE = 4
+"""Refused: the sandbox's processes stay non-dumpable (no /proc access between them, no core dump)."""
 
 # Per architecture: the audit arch value, a syscall-number floor to refuse (x32 on x86_64), and the
 # syscall numbers the filter handles (None: the architecture has no such call).
@@ -47,6 +52,10 @@ _SYSCALLS = {  # name: (x86_64, aarch64)
     "socket": (41, 198),
     "kill": (62, 129),
     "fcntl": (72, 25),
+    "ioctl": (16, 29),
+    "prctl": (157, 167),
+    "execve": (59, 221),
+    "execveat": (322, 281),
     "memfd_create": (319, 279),
     "memfd_secret": (447, 447),
     "shmget": (29, 194),
@@ -86,7 +95,7 @@ _SYSCALLS = {  # name: (x86_64, aarch64)
     "io_uring_enter": (426, 426),
     "io_uring_register": (427, 427),
 }
-_PROCESS_CALLS = ("fork", "vfork", "clone", "clone3")
+_PROCESS_CALLS = ("fork", "vfork", "clone", "clone3", "execve", "execveat")
 _SELF_ONLY = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "prlimit64")
 """Allowed only aimed at this process (argument 0 is 0 or its pid): signals, and limits of another process."""
 _SHARED_MEMORY = ("memfd_create", "memfd_secret", "shmget", "msgget")
@@ -94,7 +103,7 @@ _SHARED_MEMORY = ("memfd_create", "memfd_secret", "shmget", "msgget")
 _DENIED = tuple(
     name
     for name in _SYSCALLS
-    if name not in (*_PROCESS_CALLS, *_SELF_ONLY, *_SHARED_MEMORY, "socket", "fcntl")
+    if name not in (*_PROCESS_CALLS, *_SELF_ONLY, *_SHARED_MEMORY, "socket", "fcntl", "ioctl", "prctl")
 )
 """Refused outright (EPERM): tracing, mounts, namespaces, new sessions, bpf, keyrings, io_uring."""
 
@@ -122,6 +131,8 @@ def program(
         # Threads (CLONE_THREAD) stay allowed; clone3 reports ENOSYS so glibc falls back to clone.
         thread_only = [(_LD_ABS, 0, 0, _OFFSET_ARG0), (_JSET, 0, 1, _CLONE_THREAD), allow, deny(errno.EAGAIN)]
         rules += [("clone", thread_only), ("clone3", [deny(errno.ENOSYS)])]
+        # No new program either (it would also make the process dumpable again).
+        rules += [("execve", [deny(errno.EPERM)]), ("execveat", [deny(errno.EPERM)])]
     rules.append(("socket", [deny(errno.EACCES)]))
     for name in _SELF_ONLY:
         targets = (own_pid,) if name in ("tgkill", "rt_tgsigqueueinfo", "tkill") else (0, own_pid)
@@ -134,6 +145,10 @@ def program(
         (_JEQ, 0, 1, _F_SETOWN_EX),
     ]
     rules.append(("fcntl", [*owner, deny(errno.EPERM), allow]))  # F_SETOWN/F_SETSIG: signals to any process
+    socket_owner = [(_LD_ABS, 0, 0, _OFFSET_ARG1), (_JEQ, 1, 0, _FIOSETOWN), (_JEQ, 0, 1, _SIOCSPGRP)]
+    rules.append(("ioctl", [*socket_owner, deny(errno.EPERM), allow]))
+    dumpable = [(_LD_ABS, 0, 0, _OFFSET_ARG0), (_JEQ, 0, 1, _PR_SET_DUMPABLE)]
+    rules.append(("prctl", [*dumpable, deny(errno.EPERM), allow]))
     if deny_shared_memory:
         rules += [(name, [deny(errno.EPERM)]) for name in _SHARED_MEMORY]
 

@@ -133,6 +133,7 @@ def test_private_workdir_is_removed_and_env_scrubbed(monkeypatch):
     assert "JUDGE_API_KEY" not in env and "SECRET" not in env
     assert env["HOME"] == workdir and set(env) <= {
         "PWD",
+        "MALLOC_ARENA_MAX",
         "PATH",
         "HOME",
         "TMPDIR",

@@ -150,7 +150,9 @@ def test_threads_of_a_run_are_bounded():
     )
     result = run_python(program, timeout_s=30, isolation="namespaces")
     assert result.ok, result.stderr
-    assert int(result.stdout) < 100
+    assert (
+        30 < int(result.stdout) < 100
+    )  # a program still gets dozens (glibc's arenas capped: MALLOC_ARENA_MAX)
 
 
 @needs_boundary

@@ -276,3 +276,9 @@ def test_program_exit_or_crash_mid_tests_fails_the_rest():
     result = run_python(program, tests=TESTS, timeout_s=20)
     assert result.tests_passed == (True, False, False)
     assert result.status == "error"
+
+
+@pytest.mark.parametrize("isolation", ["process", *MODES[1:]])
+def test_a_lone_surrogate_in_the_program_is_its_error_not_the_callers(isolation):
+    result = run_python("print('\\ud800' + '\ud800')", timeout_s=20, isolation=isolation)
+    assert result.status == "error" and result.sandbox_error is None
