@@ -66,7 +66,9 @@ def _sandbox_processes(sessions: bool = False) -> list[str]:
             continue
         if not sessions:
             found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
-        elif os.path.basename(cmdline.split(b"\0")[0]).startswith(b"python"):  # the interpreter, not its launcher
+        elif os.path.basename(cmdline.split(b"\0")[0]).startswith(
+            b"python"
+        ):  # the interpreter, not its launcher
             found.append(session)
     return found
 
