@@ -34,7 +34,7 @@ BOUNDARY_PROTECTIONS = frozenset(
         "minimal_root",
         "readonly_root",
     }
-    | {"private_tmp", "no_host_uid"}
+    | {"private_tmp"}
 )
 """What a run inside the boundary (:mod:`rewards.sandbox.bwrap`) always has."""
 LIMIT_KINDS = ("wall_time", "cpu_time", "memory", "processes", "output", "file_size", "network")
