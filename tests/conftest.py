@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -282,14 +283,36 @@ def vllm_alone():
     yield
 
 
+def server_paused(base_url: str) -> bool:
+    """vLLM's dev-mode ``GET /is_paused`` on the server at ``base_url`` (with or without ``/v1``)."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    with urllib.request.urlopen(root + "/is_paused", timeout=30) as response:
+        return bool(json.loads(response.read())["is_paused"])
+
+
+def resume_server(base_url: str) -> None:
+    """``POST /resume`` (a no-op on a server that is not paused)."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    request = urllib.request.Request(
+        root + "/resume", data=b"{}", headers={"Content-Type": "application/json"}
+    )
+    urllib.request.urlopen(request, timeout=30).read()
+
+
 @pytest.fixture(autouse=True)
 def _vllm_server_running(request):
-    """Restart the shared server for a test that needs it after a ``vllm_alone`` test stopped it."""
+    """Restart the shared server for a test that needs it after a ``vllm_alone`` test stopped it; afterwards,
+    fail the test that left it paused (a trainer stopped between a weight sync's /pause and /resume), and resume
+    it, so that the next test's requests do not wait for ever (CI at stop 19 hung 40 min in a later test)."""
+    server = None
     if "vllm_server" in request.fixturenames:
         server = request.getfixturevalue("vllm_server")
         if server.pid is None:
             server.start()
     yield
+    if server is not None and server.pid is not None and server_paused(server.base_url):
+        resume_server(server.base_url)
+        pytest.fail(f"{request.node.nodeid} left the shared vLLM server paused (resumed now)", pytrace=False)
 
 
 def _order(item) -> int:

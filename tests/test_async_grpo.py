@@ -24,7 +24,7 @@ from dna_factory.async_grpo import drop_overlong_prompts
 from dna_factory.async_trainer import TRL_VERSION
 from dna_factory.errors import DnaConfigError
 from dna_factory.runner import prepare
-from tests.conftest import REPO, cli_env, run_cli
+from tests.conftest import REPO, cli_env, resume_server, run_cli, server_paused
 
 SYNC = "configs/GRPO/tiny-cpu.yaml"
 ASYNC = "configs/GRPO/tiny-cpu-async.yaml"
@@ -458,10 +458,13 @@ def test_tree_sdpa_matches_unpacked_dense_forward(tiny_model):
 
 
 def _restore_server_weights(vllm_server, tiny_model):
+    """The shared server as the session started it: the tiny model's weights, and not paused (a test that stops
+    the trainer or its server mid-run may have stopped it between a weight sync's /pause and /resume)."""
     base = vllm_server.base_url.removesuffix("/v1")
     for path, body in (
         ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(tiny_model)}}),
         ("/reset_prefix_cache", {}),
+        ("/resume", {}),
     ):
         request = urllib.request.Request(
             base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
@@ -658,6 +661,62 @@ def test_file_weight_sync_during_generation_aborts_no_request(vllm_server, tiny_
         assert [len(c["token_ids"]) for c in choices] == [length] * n
     finally:
         _restore_server_weights(vllm_server, tiny_model)
+
+
+class _TrainerFailed(Exception):
+    pass
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("failure", [_TrainerFailed, KeyboardInterrupt, "destroy"])
+def test_a_weight_sync_that_fails_after_the_pause_leaves_the_server_resumed(
+    vllm_server, tiny_model, tmp_path, failure
+):
+    """A trainer that stops between TRL's pause() and resume() must not leave the server paused: every later
+    request to it would wait for ever (CI at stop 19 hung 40 min on a server a test's trainer left paused).
+    TRL 1.16 calls resume() only after send_weights() returned, and destroy() from its training loop's finally."""
+    from dna_factory.weight_sync import FileWeightTransfer
+
+    base = vllm_server.base_url.removesuffix("/v1")
+    transfer = FileWeightTransfer(base, tmp_path / "weights", config_dir=tiny_model)
+    transfer.init_weight_transfer()
+
+    def failing():
+        raise failure("the trainer failed while it gathered its weights")
+        yield
+
+    try:
+        transfer.pause()
+        assert server_paused(base)
+        if (
+            failure == "destroy"
+        ):  # an exception between send_weights() and resume(): TRL's finally calls destroy()
+            transfer.destroy()
+        else:
+            with pytest.raises(failure, match="gathered its weights"):
+                transfer.send_weights(failing())
+        assert not server_paused(base), "the failed weight sync left the server paused"
+        assert _complete(base, 4)["finish_reason"] == "length"
+    finally:
+        _restore_server_weights(vllm_server, tiny_model)
+
+
+@pytest.mark.vllm
+def test_a_run_started_against_a_paused_server_resumes_it_with_a_warning(vllm_server, tiny_model):
+    """A paused server (a run killed during a weight sync) would hold every rollout request, and the first
+    resume() comes only after a step trained on rollouts: a new run would wait for ever. It resumes the server
+    and says why, before any data or model loads (the over-long completion then stops this run cheaply)."""
+    url = vllm_server.base_url.removesuffix("/v1")
+    _post_server(url, "/pause?mode=keep")
+    try:
+        proc = run_cli(
+            "grpo.py", "--config", ASYNC, "--vllm_server_base_url", url, "--max_completion_length", "512"
+        )
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert f"The vLLM server at {url} was paused" in proc.stderr, proc.stderr[-3000:]
+        assert not server_paused(url)
+    finally:
+        resume_server(url)
 
 
 @pytest.mark.vllm

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 
 import pytest
@@ -23,7 +24,8 @@ from dna_factory.errors import DnaConfigError
 from rewards import filter_tasks, learnability
 from rewards.filter_tasks import FilterTasksConfig, run
 from rewards.learnability import ScoreLog, classify, combine
-from tests.conftest import REPO, cli_env, run_cli
+from rewards.rollouts import RolloutError
+from tests.conftest import REPO, cli_env, resume_server, run_cli
 from tests.filter_task_rewards import EXPECTED
 
 PARITY = "tests.filter_task_rewards:parity_reward"
@@ -287,6 +289,29 @@ def test_against_the_shared_vllm_server(vllm_server, tmp_path, write_jsonl):
             c[0]["role"] == "assistant" and isinstance(c[0]["content"], str) for c in record["completions"]
         )
         assert set(record["per_func"]["string_match_last_number"]) <= {0.0, 1.0}
+
+
+@pytest.mark.vllm
+def test_a_paused_server_is_one_error_not_a_wait(vllm_server, tmp_path, write_jsonl):
+    """A server left paused (a trainer stopped during a weight sync) holds every request without an answer: the
+    filter would wait request_timeout_s per try, 4 tries per prompt (CI at stop 19: 40 minutes). It is refused
+    before the first prompt, naming the endpoint that resumes it."""
+    data = write_jsonl("arith.jsonl", _rows(2))
+    cfg = FilterTasksConfig(
+        datasets=[{"path": str(data)}], reward_funcs=[PARITY], num_generations=2, backend="server",
+        base_url=vllm_server.base_url, model="tiny", max_tokens=4, request_timeout_s=5,
+        output_dir=str(tmp_path / "out"),
+    )  # fmt: skip
+    root = vllm_server.base_url.removesuffix("/v1")
+    pause = urllib.request.Request(
+        root + "/pause?mode=keep", data=b"{}", headers={"Content-Type": "application/json"}
+    )
+    urllib.request.urlopen(pause, timeout=30).read()
+    try:
+        with pytest.raises(RolloutError, match=rf"The server at {root} is paused .*POST {root}/resume"):
+            run(cfg)
+    finally:
+        resume_server(root)
 
 
 def test_string_prompts_are_scored_as_the_chats_training_will_see(tiny_model, tmp_path, write_jsonl):
