@@ -19,6 +19,12 @@ and tokens so far — with the new weights and carry on. The reset after the rel
 request still running) is a checked guard: ``success: false`` is an error, never ignored. A completion that comes back aborted anyway
 (the server aborted it for another reason) is resubmitted by ``dna_factory/rollout_child.py``.
 
+A sync that fails after the pause (an exception or Ctrl-C while the weights are gathered, written or
+reloaded) resumes the server before the error goes on, and ``destroy()`` (TRL's training-loop ``finally``)
+resumes a server still paused: TRL 1.16 calls ``resume()`` only after ``send_weights()`` returned, and a
+paused server holds every later request without an answer. A run killed outright (SIGKILL) cannot; the next
+async run against that server resumes it (:func:`resume_if_paused`, with a warning).
+
 The server must run with ``VLLM_SERVER_DEV_MODE=1`` and be able to read ``<dir>`` (same
 machine or a shared filesystem). Tied embeddings: vLLM's in-place reload leaves ``lm_head``
 untouched unless ``lm_head.weight`` is in the file, so it is written explicitly.
@@ -40,12 +46,53 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from dna_factory.errors import DnaServiceError
 
+if TYPE_CHECKING:
+    import torch
+
 logger = logging.getLogger(__name__)
+
+
+def post_dev_endpoint(
+    server_url: str, path: str, body: dict | None = None, query: dict | None = None, timeout_s: float = 300.0
+) -> str:
+    """POST to one of vLLM's endpoints (dev mode for /pause, /resume, /collective_rpc); errors name the server."""
+    url = (
+        server_url.rstrip("/").removesuffix("/v1")
+        + path
+        + ("?" + urllib.parse.urlencode(query) if query else "")
+    )
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body or {}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.read().decode()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise RuntimeError(
+                f"The vLLM server at {server_url} has no {path} endpoint. Start it with "
+                "VLLM_SERVER_DEV_MODE=1 for weight_sync: file."
+            ) from None
+        if exc.code >= 500:
+            raise DnaServiceError(
+                f"The vLLM server at {server_url} answered {path} with HTTP {exc.code} during a weight sync "
+                "(its engine may have crashed: see the server's log). Restart it and rerun (the run resumes "
+                "from its last checkpoint)."
+            ) from None
+        raise
+    except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out: the server is gone
+        reason = getattr(exc, "reason", exc)
+        raise DnaServiceError(
+            f"The vLLM server at {server_url} did not answer {path} during a weight sync ({reason}; "
+            f"timeout {timeout_s:g} s). Is it still running? Restart it and rerun (the run resumes from "
+            "its last checkpoint)."
+        ) from None
 
 
 class FileWeightTransfer:
@@ -73,37 +120,10 @@ class FileWeightTransfer:
         self.tie_word_embeddings = tie_word_embeddings
         self.timeout_s = timeout_s
         self.syncs = 0
+        self.paused = False
 
     def _post(self, path: str, body: dict | None = None, query: dict | None = None) -> str:
-        url = self.server_url + path + ("?" + urllib.parse.urlencode(query) if query else "")
-        request = urllib.request.Request(
-            url,
-            data=json.dumps(body or {}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                return response.read().decode()
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                raise RuntimeError(
-                    f"The vLLM server at {self.server_url} has no {path} endpoint. Start it with "
-                    "VLLM_SERVER_DEV_MODE=1 for weight_sync: file."
-                ) from None
-            if exc.code >= 500:
-                raise DnaServiceError(
-                    f"The vLLM server at {self.server_url} answered {path} with HTTP {exc.code} during a weight sync "
-                    "(its engine may have crashed: see the server's log). Restart it and rerun (the run resumes "
-                    "from its last checkpoint)."
-                ) from None
-            raise
-        except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out: the server is gone
-            reason = getattr(exc, "reason", exc)
-            raise DnaServiceError(
-                f"The vLLM server at {self.server_url} did not answer {path} during a weight sync ({reason}; "
-                f"timeout {self.timeout_s:g} s). Is it still running? Restart it and rerun (the run resumes from "
-                "its last checkpoint)."
-            ) from None
+        return post_dev_endpoint(self.server_url, path, body, query, self.timeout_s)
 
     def init_weight_transfer(self) -> None:
         self.weights_dir.mkdir(parents=True, exist_ok=True)
@@ -111,9 +131,37 @@ class FileWeightTransfer:
             shutil.copy(self.config_dir / "config.json", self.weights_dir / "config.json")
 
     def pause(self) -> None:
+        # set before the request: a pause whose answer was lost may still have reached the server
+        self.paused = True
         self._post("/pause", query={"mode": "keep"})
 
     def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
+        try:
+            self._send_weights(iterator)
+        except BaseException:
+            self._resume_after_failure()
+            raise
+
+    def _resume_after_failure(self) -> None:
+        """Best effort, bounded: the error that stopped the sync is what the user must see, so this one only logs."""
+        if not self.paused:
+            return
+        try:
+            post_dev_endpoint(self.server_url, "/resume", timeout_s=min(self.timeout_s, 10.0))
+            self.paused = False
+            logger.warning(
+                "The weight sync failed after pausing the vLLM server at %s; resumed it.", self.server_url
+            )
+        except Exception as exc:  # the server may be the cause (gone, crashed)
+            logger.warning(
+                "The weight sync failed after pausing the vLLM server at %s, and resuming it failed too (%s). It "
+                "stays paused until a run resumes it (POST %s/resume).",
+                self.server_url,
+                " ".join(str(exc).split())[:200],
+                self.server_url,
+            )
+
+    def _send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
         from safetensors.torch import save_file
 
         started = time.time()
@@ -145,6 +193,36 @@ class FileWeightTransfer:
 
     def resume(self) -> None:
         self._post("/resume")
+        self.paused = False
 
     def destroy(self) -> None:
-        pass
+        """TRL's training-loop ``finally``: a sync interrupted between ``send_weights`` and ``resume`` resumes here."""
+        self._resume_after_failure()
+
+
+def server_paused(server_url: str, timeout_s: float = 10.0) -> bool | None:
+    """vLLM's dev-mode ``GET /is_paused``; None when the server does not say (no dev mode, auth, unreachable)."""
+    root = server_url.rstrip("/").removesuffix("/v1")
+    try:
+        with urllib.request.urlopen(root + "/is_paused", timeout=timeout_s) as response:
+            answer = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    paused = answer.get("is_paused") if isinstance(answer, dict) else None
+    return paused if isinstance(paused, bool) else None
+
+
+def resume_if_paused(server_url: str, *, dry_run: bool = False) -> bool:
+    """Resume a server that a killed run left paused (every rollout request would wait for ever: an async run's
+    first resume comes only after a step trained on rollouts). Returns whether it was paused; under ``dry_run``
+    it only says so."""
+    root = server_url.rstrip("/").removesuffix("/v1")
+    if not server_paused(root):
+        return False
+    why = "a run stopped during a weight sync leaves it so, and every rollout request would wait for ever"
+    if dry_run:
+        logger.warning("The vLLM server at %s is paused (%s); the run will resume it.", root, why)
+        return True
+    post_dev_endpoint(root, "/resume", timeout_s=30.0)
+    logger.warning("The vLLM server at %s was paused (%s); resumed it.", root, why)
+    return True

@@ -127,7 +127,27 @@ class ServerRollouts:
                 f"The server at {self.base_url} does not serve {self.model!r} (it serves: {', '.join(served)}). "
                 "Set `model:` to one of those names."
             )
+        await self._refuse_a_paused_server()
         return self
+
+    async def _refuse_a_paused_server(self) -> None:
+        """A paused vLLM server (dev mode's ``/pause``, left so by a trainer stopped mid weight sync) holds every
+        request without an answer: one error now, not ``timeout_s`` per try. Servers without ``/is_paused``
+        (no dev mode, other vendors) are not asked twice."""
+        assert self._session is not None
+        root = self.base_url.removesuffix("/v1")
+        try:
+            timeout = aiohttp.ClientTimeout(total=min(self.timeout_s, 30.0))
+            async with self._session.get(f"{root}/is_paused", timeout=timeout) as response:
+                answer = await response.json(content_type=None) if response.status == 200 else None
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            return
+        if isinstance(answer, dict) and answer.get("is_paused") is True:
+            raise RolloutError(
+                f"The server at {root} is paused (a trainer stopped during a weight sync leaves it so), and every "
+                f"request would wait without an answer. Resume it (POST {root}/resume, e.g. "
+                f"`curl -X POST {root}/resume`) and rerun."
+            )
 
     async def __aexit__(self, *exc: Any) -> None:
         if self._session is not None:
