@@ -251,6 +251,26 @@ def test_cli_prints_error_and_exits_2_without_traceback(tmp_path, write_yaml, ti
     assert unknown.returncode == 2 and "Did you mean 'num_generations'?" in unknown.stderr
 
 
+def test_renamed_columns_feed_the_reward_column_check(tmp_path, write_yaml, write_jsonl, tiny_model):
+    """#16 item 2: the filter and training check reward columns with one checker. The filter's own copy added
+    `columns:`'s (source, new) pairs instead of names: any recipe with `columns:` and a reward that reads a column
+    ended in a TypeError traceback."""
+    data = write_jsonl("q.jsonl", [{"question": "What is 1 + 1?", "gold": "2"}])
+    spec = {"path": str(data), "columns": {"question": "prompt", "gold": "answer"}}
+    recipe = write_yaml("columns.yaml", {
+        "datasets": [spec], "reward_funcs": [{"factory": "string_match", "answer_column": "answer"}],
+        "model": str(tiny_model), "backend": "hf", "output_dir": str(tmp_path / "out"),
+    })  # fmt: skip
+    ok = run_cli("-m", "rewards.filter_tasks", "--config", str(recipe), "--dry_run", timeout=120)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+
+    recipe.write_text(recipe.read_text().replace("answer_column: answer", "answer_column: gold"))
+    renamed_away = run_cli("-m", "rewards.filter_tasks", "--config", str(recipe), "--dry_run", timeout=120)
+    assert renamed_away.returncode == 2, renamed_away.stderr[-3000:]
+    assert "reads column 'gold', which no dataset in the mixture has" in renamed_away.stderr
+    assert "Traceback" not in renamed_away.stderr
+
+
 def test_shipped_recipe_is_valid(tiny_model, monkeypatch):
     monkeypatch.chdir(REPO)
     resolved, cfg = filter_tasks.load_config(["--config", "configs/filter_tasks/tiny-cpu.yaml"])
