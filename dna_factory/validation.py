@@ -83,8 +83,15 @@ def validate_only_labels(cfg: ResolvedConfig) -> None:
 
 def dataset_columns(cfg: ResolvedConfig) -> set[str] | None:
     """Union of the training mixture's columns (plus ``label``), or None if a dataset's schema is unknown."""
+    return mixture_columns(parse_specs(cfg.get("datasets")))
+
+
+def mixture_columns(specs) -> set[str] | None:
+    """Union of the columns the datasets ``specs`` have once loaded (``columns:`` renames applied, ``label``
+    included), or None if a dataset's schema is unknown. Training's and the learnability filter's reward-column
+    checks both read it."""
     columns: set[str] = {"label"}
-    for spec in parse_specs(cfg.get("datasets")):
+    for spec in specs:
         peeked = peek_columns(spec) if spec.is_local else None
         if peeked is None:
             return None

@@ -143,7 +143,7 @@ def validate(cfg: FilterTasksConfig) -> tuple[list, list, list]:
         DnaConfigError: "what is wrong. what to do." for the first problem found.
     """
     from dna_factory.data import looks_local, parse_specs
-    from dna_factory.data_files import peek_columns
+    from dna_factory.validation import mixture_columns
     from rewards.learnability import CLASSES
     from rewards.registry import check_reward_columns, resolve_rewards
 
@@ -153,17 +153,9 @@ def validate(cfg: FilterTasksConfig) -> tuple[list, list, list]:
             "No reward_funcs configured. Add `reward_funcs:` with at least one reward, as in a GRPO recipe."
         )
     funcs, weights = resolve_rewards(cfg.reward_funcs)
-    columns: set[str] | None = {"prompt", "label"}
-    for spec in specs:
-        peeked = peek_columns(spec) if spec.is_local else None
-        if peeked is None:
-            columns = None
-            break
-        columns |= set(spec.columns) if spec.columns else peeked
-        if "messages" in columns:
-            columns |= {"expected_output"}
+    columns = mixture_columns(specs)
     if columns is not None:
-        check_reward_columns(cfg.reward_funcs, columns)
+        check_reward_columns(cfg.reward_funcs, columns | {"prompt"})
     if cfg.num_generations < 2:
         _fail(
             f"num_generations is {cfg.num_generations}, but one rollout cannot show whether a prompt is "
