@@ -280,8 +280,6 @@ def command(
             inner += ["--symlink", f"usr/{link}", f"/{link}"]
         else:
             inner += ["--ro-bind", f"/{link}", f"/{link}"]
-    for source, target in zip(sources, binds, strict=True):
-        inner += ["--ro-bind", source, target]
     inner += [
         "--dev",
         "/dev",
@@ -296,6 +294,9 @@ def command(
     ]
     inner += ["--proc", "/proc", "--size", size, "--perms", "1777", "--tmpfs", "/tmp"]
     inner += ["--size", size, "--perms", "0700", "--tmpfs", WORKDIR]
+    # after the tmpfs mounts: an interpreter, venv or checkout under /tmp would be hidden under the empty /tmp
+    for source, target in zip(sources, binds, strict=True):
+        inner += ["--ro-bind", source, target]
     for name, fd in files.items():
         inner += ["--file", str(fd), f"{WORKDIR}/{name}"]
     inner += ["--chdir", WORKDIR, "--remount-ro", "/", "--clearenv"]
