@@ -62,6 +62,14 @@ CASES = {
         ),
         ["columns [answer, question]", "this stage needs"],
     ),
+    "missing deepspeed config": (  # #16 item 5: the DeepSpeed JSON files live in configs/deepspeed/
+        lambda s, d: ({"deepspeed": "configs/deepspeed/zero-3.json"}, None),
+        ["'configs/deepspeed/zero-3.json' does not exist", "Did you mean 'configs/deepspeed/zero3.json'?"],
+    ),
+    "unsupported report_to": (  # #16 item 5: the message lists every value the check accepts
+        lambda s, d: ({"report_to": ["wandbb"]}, None),
+        ["'wandbb'", "Did you mean 'wandb'?", "none, all, wandb, tensorboard, trackio, mlflow"],
+    ),
     "empty messages row": (
         lambda s, d: ({"datasets": [{"path": str(d("bad.jsonl", [GOOD_ROW[s], EMPTY_ROW[s]]))}]}, None),
         {"sft": ["row 1", "`messages` is empty"], "dpo": ["row 1", "`chosen` is missing or empty"]},

@@ -119,6 +119,30 @@ def test_help_lists_keys(capsys):
     assert "--learning_rate" in out and "--datasets" in out and "--config" in out
 
 
+def _help_line(out: str, key: str) -> str:
+    return next(line for line in out.splitlines() if line.strip().startswith(f"--{key} "))
+
+
+@pytest.mark.parametrize("stage", ["sft", "grpo", "distill", "dpo"])
+def test_help_shows_the_default_a_run_gets_and_its_layer(stage, capsys):
+    """#16 item 4: every key's default as a run resolves it: the stage's defaults file where it sets the key
+    (named), else the dataclass's, with default_factory called (never a bare None for a list)."""
+    from dna_factory.config import CONFIGS_DIR, load_yaml
+    from dna_factory.stages import get_stage
+
+    assert main(stage, ["--help"]) == 0
+    out = capsys.readouterr().out
+    name = f"_defaults-{get_stage(stage).defaults}.yaml"
+    layer = load_yaml(CONFIGS_DIR / name, "Defaults file")
+    shown = 0
+    for key, value in layer.items():
+        if not isinstance(value, (dict, list)):
+            assert f"default {value!r} from configs/{name}" in _help_line(out, key), (key, value)
+            shown += 1
+    assert shown >= 5
+    assert "default ['mmlu_pro', 'gpqa_diamond', 'kmmlu_pro']" in _help_line(out, "eval_tasks")
+
+
 def test_resolved_config_roundtrips(tmp_path, tiny_model):
     """The file written into the output dir is a valid --config that resolves to the same values."""
     from dna_factory.runner import write_resolved_config
