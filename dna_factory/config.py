@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from dna_factory.config_types import check_known_keys, coerce_value, field_types
+from dna_factory.config_types import check_known_keys, coerce_value, field_types, suggest
 from dna_factory.errors import DnaConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -67,9 +67,6 @@ class RunArguments:
     )
     wandb_project: str | None = field(
         default=None, metadata={"help": "W&B project name (sets WANDB_PROJECT when report_to has wandb)."}
-    )
-    log_level_console: str = field(
-        default="info", metadata={"help": "Level of the project's console logging: debug, info, warning."}
     )
     server_wait_s: float = field(
         default=900.0,
@@ -303,14 +300,28 @@ def resolve(
             values[key] = None if value is None else coerce_value(key, value, types_by_key[key], source)
             sources[key] = source
     resolved = ResolvedConfig(stage=stage, values=values, sources=sources, recipe_path=recipe_path)
-    deepspeed = values.get("deepspeed")
-    if isinstance(deepspeed, str) and not deepspeed.endswith(".json"):
+    check_deepspeed_file(values.get("deepspeed"))
+    resolved.args = build_dataclasses(resolved, dataclass_types)
+    return resolved
+
+
+def check_deepspeed_file(deepspeed: Any) -> None:
+    """``deepspeed:`` names an existing DeepSpeed JSON file; checked before TRL's config refuses it less clearly."""
+    if not isinstance(deepspeed, str) or not deepspeed:
+        return
+    if not deepspeed.endswith(".json"):
         raise DnaConfigError(
             f"deepspeed: {deepspeed} is not a DeepSpeed JSON config (see configs/deepspeed/). Accelerate YAML files "
             "such as configs/accelerate/zero3.yaml go to `accelerate launch --config_file`."
         )
-    resolved.args = build_dataclasses(resolved, dataclass_types)
-    return resolved
+    if not Path(deepspeed).is_file():
+        shipped = sorted(
+            f"configs/deepspeed/{path.name}" for path in (CONFIGS_DIR / "deepspeed").glob("*.json")
+        )
+        raise DnaConfigError(
+            f"deepspeed config '{deepspeed}' does not exist.{suggest(deepspeed, shipped)} Use a DeepSpeed JSON file, "
+            f"e.g. one of configs/deepspeed/ ({', '.join(shipped)})."
+        )
 
 
 def build_dataclasses(resolved: ResolvedConfig, dataclass_types: typing.Sequence[type]) -> dict[type, Any]:

@@ -194,3 +194,52 @@ def check_known_keys(layer: dict[str, Any], valid: typing.Iterable[str], source:
                 f"Unknown config key '{key}' in {source}.{suggest(key, valid)} "
                 f"Fix or remove it (python <stage>.py --help lists every key)."
             )
+
+
+def describe_keys(
+    dataclass_types: typing.Iterable[type], layer: tuple[str, dict[str, Any]] | None = None
+) -> str:
+    """``--help``'s key list: per dataclass, each key with its type, the default a run gets and its help.
+
+    Args:
+        dataclass_types: The classes whose fields are the keys (a key of two classes is listed under the first).
+        layer: ``(name, keys)`` of the defaults file under the recipe: a key it sets shows that value,
+            ``from <name>``; every other key its field's default (``default_factory`` called).
+    """
+    layered = layer[1] if layer else {}
+    classes = list(dataclass_types)
+    defaults = dataclass_defaults(classes)
+    types_by_key = field_types(classes)
+    lines: list[str] = []
+    seen: set[str] = set()
+    for cls in classes:
+        lines.append(f"{cls.__name__}:")
+        for f in dataclasses.fields(cls):
+            if not f.init or f.name in seen:
+                continue
+            seen.add(f.name)
+            if f.name in layered:
+                default = f"{layered[f.name]!r} from {layer[0]}"
+            elif f.name in defaults:
+                default = repr(defaults[f.name])
+            else:
+                default = "none: required"
+            lines.append(f"  --{f.name} ({type_name(types_by_key[f.name])}, default {default})")
+            help_text = " ".join(str(f.metadata.get("help", "")).split())
+            if help_text:
+                lines.append(f"      {help_text[:300]}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def dataclass_defaults(classes: typing.Iterable[type]) -> dict[str, Any]:
+    """The default of every field of ``classes`` (``default_factory`` called; the first class to define a key wins),
+    for ``--help`` and the run fingerprint (:func:`dna_factory.resume.fingerprint`)."""
+    found: dict[str, Any] = {}
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                found.setdefault(f.name, f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                found.setdefault(f.name, f.default_factory())
+    return found

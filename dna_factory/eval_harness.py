@@ -179,9 +179,6 @@ class HarnessRun:
             )
         return json.loads(results_path.read_text())["tasks"]
 
-    def run(self) -> list[dict]:
-        return self.start().wait()
-
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the harness's process group, SIGKILL after ``grace_s``. Idempotent."""
         with self._lock:

@@ -20,7 +20,7 @@ from dna_factory.config_types import suggest
 from dna_factory.errors import DnaConfigError
 
 ENTRIES = ("sft", "dpo", "grpo", "distill")
-RECIPE_KEYS = {"name", "description", "output_dir", "model_name_or_path", "overrides", "stages", "report"}
+RECIPE_KEYS = {"name", "description", "output_dir", "model_name_or_path", "overrides", "stages"}
 STAGE_KEYS = {
     "name",
     "entry",

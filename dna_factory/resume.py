@@ -85,20 +85,6 @@ def fingerprint(stage: str, values: dict[str, Any], defaults: dict[str, Any] | N
     }
 
 
-def dataclass_defaults(classes) -> dict[str, Any]:
-    """The default of every field of ``classes`` (``default_factory`` called), for :func:`fingerprint`."""
-    import dataclasses
-
-    found: dict[str, Any] = {}
-    for cls in classes:
-        for f in dataclasses.fields(cls):
-            if f.default is not dataclasses.MISSING:
-                found.setdefault(f.name, f.default)
-            elif f.default_factory is not dataclasses.MISSING:
-                found.setdefault(f.name, f.default_factory())
-    return found
-
-
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """``key: was -> now`` for each key whose effective value differs (``unset``: neither run knows a value)."""
     before, after = old.get("keys", {}), new.get("keys", {})

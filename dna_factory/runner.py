@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dna_factory.checkpoint_eval import CheckpointEvalArguments
 from dna_factory.config import ResolvedConfig, RunArguments, resolve
-from dna_factory.config_types import field_types
+from dna_factory.config_types import dataclass_defaults, field_types
 from dna_factory.errors import DnaConfigError, Interrupted
 from dna_factory.loading import building_trainer, load_context, load_data
 from dna_factory.preview import preview, split_preview_flag
@@ -43,7 +43,6 @@ from dna_factory.resume import (
     FINGERPRINT_NAME,
     SUMMARY_NAME,
     AlreadyFinished,
-    dataclass_defaults,
     fingerprint,
     follow_umask,
     move_aside,
@@ -293,8 +292,6 @@ def train(stage: Stage, cfg: ResolvedConfig, started: float | None = None) -> di
         tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
         tmp.replace(Path(output_dir) / RUN_SUMMARY_NAME)
         logger.info("Saved the final model to %s (global step %d).", output_dir, state.global_step)
-    if hasattr(trainer, "end"):
-        trainer.end()
     return summary
 
 
@@ -308,10 +305,9 @@ def _peak_gpu_memory_gib() -> float | None:
 
 
 def _print_help(stage: Stage) -> None:
-    """Every key of the stage, grouped by the dataclass that owns it, with its type, default and help."""
-    import dataclasses
-
-    from dna_factory.config_types import field_types, type_name
+    """Every key of the stage, grouped by the dataclass that owns it, with its type, effective default and help."""
+    from dna_factory.config import CONFIGS_DIR, load_yaml
+    from dna_factory.config_types import describe_keys
 
     print(
         f"usage: python {stage.name}.py --config RECIPE.yaml [--key value ...] [--dry_run] [--preview [N]] "
@@ -325,21 +321,13 @@ def _print_help(stage: Stage) -> None:
         "--rehearse: run this recipe on CPU for two steps with a tiny model of the same family and chat "
         "template, a few rows of each dataset and local servers; every change is logged (docs/rehearsal.md).\n"
     )
-    print(f"Layers: configs/_defaults-{stage.defaults}.yaml < --config RECIPE < command-line flags.\n")
-    seen: set[str] = set()
-    for cls in dataclass_types(stage):
-        types_by_key = field_types([cls])
-        print(f"{cls.__name__}:")
-        for f in dataclasses.fields(cls):
-            if not f.init or f.name in seen:
-                continue
-            seen.add(f.name)
-            default = f.default if f.default is not dataclasses.MISSING else None
-            help_text = " ".join(str(f.metadata.get("help", "")).split())
-            print(f"  --{f.name} ({type_name(types_by_key[f.name])}, default {default!r})")
-            if help_text:
-                print(f"      {help_text[:300]}")
-        print()
+    name = f"_defaults-{stage.defaults}.yaml"
+    print(
+        f"Layers: configs/{name} < --config RECIPE < command-line flags. Each key shows the default a run gets.\n"
+    )
+    path = CONFIGS_DIR / name
+    layer = (f"configs/{name}", load_yaml(path, "Defaults file")) if path.is_file() else None
+    print(describe_keys(dataclass_types(stage), layer))
 
 
 def split_debug_flag(argv: list[str]) -> tuple[list[str], bool]:

@@ -150,18 +150,20 @@ def validate_resume(cfg: ResolvedConfig) -> None:
 def validate_report_to(cfg: ResolvedConfig) -> None:
     report_to = cfg.get("report_to")
     targets = [report_to] if isinstance(report_to, str) else list(report_to or [])
-    unknown = [t for t in targets if t not in ("none", "all", "wandb", "tensorboard", "trackio", "mlflow")]
+    accepted = ("none", "all", "wandb", "tensorboard", "trackio", "mlflow")
+    unknown = [t for t in targets if t not in accepted]
     if unknown:
+        from dna_factory.config_types import suggest
+
         raise DnaConfigError(
-            f"report_to has unsupported value {unknown[0]!r}. Use wandb, tensorboard or none."
+            f"report_to has unsupported value {unknown[0]!r}.{suggest(unknown[0], accepted)} Use one of: "
+            f"{', '.join(accepted)}."
         )
 
 
 def validate_distributed_env(cfg: ResolvedConfig) -> None:
-    """A DeepSpeed config file that does not exist fails now, not after the model loaded."""
-    ds = cfg.get("deepspeed")
-    if isinstance(ds, str) and ds and not Path(ds).is_file():
-        raise DnaConfigError(f"deepspeed config '{ds}' does not exist. Use a file from configs/accelerate/.")
+    """accelerate configured for DeepSpeed without deepspeed installed fails now, not after the model loaded (a
+    missing ``deepspeed:`` file is refused earlier, by :func:`dna_factory.config.check_deepspeed_file`)."""
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
         import importlib.util
 

@@ -29,7 +29,7 @@ import os
 import sys
 import time
 from collections import Counter, defaultdict
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -453,11 +453,10 @@ def _print_help() -> None:
         "all_pass / learnable / all_fail / unscored; writes scored.jsonl (resumable), kept.jsonl and\n"
         "report.json into output_dir. See docs/rewards.md, 'Learnability filtering'."
     )
-    print("\nKeys:")
-    for f in fields(FilterTasksConfig):
-        default = f.default_factory() if f.default_factory is not MISSING else f.default
-        print(f"  --{f.name} (default {default!r})")
-        print(f"      {f.metadata.get('help', '')}")
+    from dna_factory.config_types import describe_keys
+
+    print()
+    print(describe_keys([FilterTasksConfig]))
 
 
 def main(argv: list[str] | None = None) -> int:
