@@ -24,6 +24,43 @@ BOUNDARY = sandbox_isolation().namespaces
 needs_boundary = pytest.mark.skipif(not BOUNDARY, reason="this machine cannot build the sandbox boundary")
 MODES = ["process", *(["namespaces"] if BOUNDARY else [])]
 
+MEMFD_PROGRAM = (  # 540 MiB of memfd pages, each file under RLIMIT_FSIZE (64 MiB)
+    "import os\n"
+    "chunk, fds = b'x' * (1 << 20), []\n"
+    "for _ in range(9):\n"
+    "    fds.append(os.memfd_create('pin'))\n"
+    "    for _ in range(60):\n"
+    "        os.write(fds[-1], chunk)\n"
+    "print('held')\n"
+)
+THREADS_PROGRAM = (  # up to 2,000 small-stack threads; prints how many started
+    "import threading\n"
+    "threading.stack_size(65536)\n"
+    "stop, started = threading.Event(), 0\n"
+    "for _ in range(2000):\n"
+    "    try:\n"
+    "        threading.Thread(target=stop.wait, daemon=True).start()\n"
+    "    except RuntimeError:\n"
+    "        break\n"
+    "    started += 1\n"
+    "print(started)\n"
+    "stop.set()\n"
+)
+FILES_PROGRAM = (  # six 30 MiB files in the working directory; prints the MiB written (and ENOSPC's errno)
+    "written = 0\n"
+    "chunk = b'x' * (1 << 20)\n"
+    "try:\n"
+    "    for name in range(6):\n"
+    "        with open(f'f{name}', 'wb') as handle:\n"
+    "            for _ in range(30):\n"
+    "                handle.write(chunk)\n"
+    "                handle.flush()\n"
+    "                written += 1\n"
+    "except OSError as exc:\n"
+    "    print('stopped', exc.errno)\n"
+    "print(written)\n"
+)
+
 
 def _interpreter_uids(stop: threading.Event, seen: set[int]) -> None:
     while not stop.is_set():
@@ -118,16 +155,7 @@ def test_sysv_shared_memory_never_reaches_the_host(mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_memfd_pages_count_against_the_memory_limit(mode):
     """540 MiB in memfds under memory_mb=256: refused, or the run is killed for memory; never held."""
-    program = (
-        "import os\n"
-        "chunk, fds = b'x' * (1 << 20), []\n"
-        "for _ in range(9):  # each file under RLIMIT_FSIZE (64 MiB), 540 MiB in all\n"
-        "    fds.append(os.memfd_create('pin'))\n"
-        "    for _ in range(60):\n"
-        "        os.write(fds[-1], chunk)\n"
-        "print('held')\n"
-    )
-    result = run_python(program, timeout_s=30, limits=Limits(memory_mb=256), isolation=mode)
+    result = run_python(MEMFD_PROGRAM, timeout_s=30, limits=Limits(memory_mb=256), isolation=mode)
     assert "held" not in result.stdout
     assert result.status in ("error", "memory_limit")
 
@@ -135,20 +163,7 @@ def test_memfd_pages_count_against_the_memory_limit(mode):
 @needs_boundary
 def test_threads_of_a_run_are_bounded():
     """Threads with tiny stacks (each costs the host a PID): a run gets at most a few dozen."""
-    program = (
-        "import threading\n"
-        "threading.stack_size(65536)\n"
-        "stop, started = threading.Event(), 0\n"
-        "for _ in range(2000):\n"
-        "    try:\n"
-        "        threading.Thread(target=stop.wait, daemon=True).start()\n"
-        "    except RuntimeError:\n"
-        "        break\n"
-        "    started += 1\n"
-        "print(started)\n"
-        "stop.set()\n"
-    )
-    result = run_python(program, timeout_s=30, isolation="namespaces")
+    result = run_python(THREADS_PROGRAM, timeout_s=30, isolation="namespaces")
     assert result.ok, result.stderr
     assert (
         30 < int(result.stdout) < 100
@@ -158,21 +173,7 @@ def test_threads_of_a_run_are_bounded():
 @needs_boundary
 def test_the_working_directory_is_size_limited():
     """Several files each under the per-file limit still cannot fill more than one max_file_mb in total."""
-    program = (
-        "written = 0\n"
-        "chunk = b'x' * (1 << 20)\n"
-        "try:\n"
-        "    for name in range(6):\n"
-        "        with open(f'f{name}', 'wb') as handle:\n"
-        "            for _ in range(30):\n"
-        "                handle.write(chunk)\n"
-        "                handle.flush()\n"
-        "                written += 1\n"
-        "except OSError as exc:\n"
-        "    print('stopped', exc.errno)\n"
-        "print(written)\n"
-    )
-    result = run_python(program, timeout_s=30, limits=Limits(max_file_mb=64), isolation="namespaces")
+    result = run_python(FILES_PROGRAM, timeout_s=30, limits=Limits(max_file_mb=64), isolation="namespaces")
     assert int(result.stdout.split()[-1]) <= 64
     assert "stopped 28" in result.stdout  # ENOSPC
 

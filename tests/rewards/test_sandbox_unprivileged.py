@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from rewards.sandbox import sandbox_isolation
+from tests.rewards.test_sandbox_boundary import FILES_PROGRAM, MEMFD_PROGRAM, THREADS_PROGRAM
 from tests.rewards.test_sandbox_verdicts import ATTACKS, SPECIAL_TESTS, TESTS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,45 +152,10 @@ def test_wrong_code_scores_nothing_however_it_attacks_the_verdict(caller):
 def test_memory_threads_and_files_are_bounded_without_cgroups(caller):
     """No memory cgroup for a non-root caller: memfd pages (which RLIMIT_AS does not count) are refused by
     seccomp; no pids cgroup: RLIMIT_NPROC bounds the threads; the working directory is a sized tmpfs."""
-    memfd = (
-        "import os\n"
-        "chunk, fds = b'x' * (1 << 20), []\n"
-        "for _ in range(9):\n"
-        "    fds.append(os.memfd_create('pin'))\n"
-        "    for _ in range(60):\n"
-        "        os.write(fds[-1], chunk)\n"
-        "print('held')\n"
-    )
-    threads = (
-        "import threading\n"
-        "threading.stack_size(65536)\n"
-        "stop, started = threading.Event(), 0\n"
-        "for _ in range(2000):\n"
-        "    try:\n"
-        "        threading.Thread(target=stop.wait, daemon=True).start()\n"
-        "    except RuntimeError:\n"
-        "        break\n"
-        "    started += 1\n"
-        "print(started)\n"
-        "stop.set()\n"
-    )
-    files = (
-        "written, chunk = 0, b'x' * (1 << 20)\n"
-        "try:\n"
-        "    for name in range(6):\n"
-        "        with open(f'f{name}', 'wb') as handle:\n"
-        "            for _ in range(30):\n"
-        "                handle.write(chunk)\n"
-        "                handle.flush()\n"
-        "                written += 1\n"
-        "except OSError as exc:\n"
-        "    print('stopped', exc.errno)\n"
-        "print(written)\n"
-    )
     pinned, many, filled = caller([
-        {"code": memfd, "limits": {"memory_mb": 256}, "timeout_s": 30},
-        {"code": threads, "timeout_s": 30},
-        {"code": files, "limits": {"max_file_mb": 64}, "timeout_s": 30},
+        {"code": MEMFD_PROGRAM, "limits": {"memory_mb": 256}, "timeout_s": 30},
+        {"code": THREADS_PROGRAM, "timeout_s": 30},
+        {"code": FILES_PROGRAM, "limits": {"max_file_mb": 64}, "timeout_s": 30},
     ])["results"]  # fmt: skip
     assert "held" not in pinned["stdout"] and pinned["status"] in ("error", "memory_limit"), pinned
     assert many["status"] == "ok", many["stderr"]
