@@ -198,3 +198,30 @@ def test_list_keys_take_comma_separated_or_repeated_values(tiny_model):
     assert cfg.values["reward_funcs"] == [
         {"factory": "string_match", "answer_column": "solution", "weight": 2}
     ]
+
+
+RECIPE_FOLDERS = {"SFT": "sft", "GRPO": "grpo", "DPO": "dpo", "Distill": "distill"}
+STAGE_RECIPES = sorted(
+    path.relative_to(REPO).as_posix()
+    for folder in RECIPE_FOLDERS
+    for path in (REPO / "configs" / folder).glob("*.yaml")
+)
+
+
+@pytest.mark.parametrize("recipe", STAGE_RECIPES)
+def test_a_recipe_says_only_what_differs_from_its_defaults_layer(recipe):
+    """#16 item 6: a key that restates the value of the stage's defaults file (``configs/_defaults-*.yaml``, the
+    layer under every recipe) is noise in the recipe, and hides what the recipe actually changes."""
+    from dna_factory.config import CONFIGS_DIR, load_yaml
+    from dna_factory.stages import get_stage
+
+    stage = get_stage(RECIPE_FOLDERS[recipe.split("/")[1]])
+    if stage.variant is not None:
+        stage = stage.variant(["--config", str(REPO / recipe)])
+    defaults = load_yaml(CONFIGS_DIR / f"_defaults-{stage.defaults}.yaml", "Defaults file")
+    keys = load_yaml(REPO / recipe, "Config file")
+    selects = {
+        "grpo_execution"
+    }  # read from the recipe before layering, to pick the stage (and its defaults file)
+    restated = sorted(k for k, v in keys.items() if k in defaults and defaults[k] == v and k not in selects)
+    assert not restated, f"{recipe} restates configs/_defaults-{stage.defaults}.yaml: {restated}"
