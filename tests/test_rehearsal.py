@@ -276,8 +276,10 @@ def test_rehearse_dry_run_marks_every_changed_key_and_keeps_the_rest(tmp_path):
     assert (
         printed["max_steps"] == 2 and printed["use_vllm"] is False and printed["max_completion_length"] == 32
     )
-    for key in ("loss_type", "epsilon_high", "num_generations", "dynamic_sampling", "beta", "temperature"):
+    for key in ("epsilon_high", "num_generations", "dynamic_sampling"):
         assert "configs/GRPO/glm-4.5-air-reasoning.yaml" in lines[key], lines[key]
+    for key in ("loss_type", "beta", "temperature"):  # the recipe leaves them to the defaults layer
+        assert "configs/_defaults-GRPO.yaml" in lines[key], lines[key]
     assert [d["prompt_template"] for d in printed["datasets"]] == [
         d["prompt_template"]
         for d in yaml.safe_load((REPO / "configs/GRPO/glm-4.5-air-reasoning.yaml").read_text())["datasets"]
