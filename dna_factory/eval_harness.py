@@ -26,11 +26,9 @@ The metric is ``eval/<name>``, with ``<name>`` the part after the last ``/`` or 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -40,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dna_factory.errors import DnaConfigError
+from dna_factory.process_group import group_alive, kill_group, register, unregister
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +135,8 @@ class HarnessError(RuntimeError):
 
 
 class HarnessRun:
-    """One harness process in its own session: :meth:`run` blocks, :meth:`stop` ends it from any thread."""
+    """One harness process in its own process group (:mod:`dna_factory.process_group`): :meth:`start`, then
+    :meth:`wait` blocks; :meth:`stop` ends it from any thread, and so does the owner's exit or SIGTERM."""
 
     def __init__(self, command: list[str], log_path: Path) -> None:
         self.command = command
@@ -166,12 +166,14 @@ class HarnessRun:
                     env={**os.environ, "PYTHONUNBUFFERED": "1"},
                     start_new_session=True,
                 )
+            register(self)
         return self
 
     def wait(self) -> list[dict]:
         """Wait for the process; return its per-task results (see :func:`main`)."""
         assert self._proc is not None, "start() first"
         code = self._proc.wait()
+        unregister(self)
         results_path = self.log_path.parent / RESULTS_NAME
         if code != 0 or not results_path.is_file():
             raise HarnessError(
@@ -184,14 +186,9 @@ class HarnessRun:
         with self._lock:
             self._stopped = True
             proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=wait_s)
-                return
+        unregister(self)
+        if proc is not None and (proc.poll() is None or group_alive(proc.pid)):
+            kill_group(proc, grace_s, "eval harness")
 
     def log_tail(self, lines: int = 30) -> str:
         if not self.log_path.is_file():

@@ -24,12 +24,9 @@ reserved, and vLLM's 0.92 fails on a shared machine), ``--dtype float32`` and
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -40,8 +37,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
+
+from dna_factory.process_group import (  # noqa: F401 - group_alive, install_cleanup_hooks: re-exported
+    group_alive,
+    install_cleanup_hooks,
+    kill_group,
+    register,
+    unregister,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -246,7 +250,7 @@ class VLLMServer:
                     start_new_session=True,  # own session and process group: one killpg stops it all
                 )
             self.port = port
-            _register(self)
+            register(self)
         logger.info(
             "Starting vLLM server for %s as %r on port %d (pid %d, devices %s, log %s).",
             self.model,
@@ -323,9 +327,12 @@ class VLLMServer:
         """
         with self._lock:
             proc, self._proc = self._proc, None
-            _unregister(self)
+            unregister(self)
         if proc is not None:
-            _kill_group(proc, self.stop_grace_s)
+            if not kill_group(proc, self.stop_grace_s, "vLLM server"):
+                raise VLLMServerError(
+                    f"vLLM server process group {proc.pid} survived SIGKILL. Check `ps -g {proc.pid}`."
+                )
             logger.info(
                 "Stopped vLLM server %r (pid %d, port %s).", self.served_model_name, proc.pid, self.port
             )
@@ -350,110 +357,3 @@ class VLLMServer:
 
 class _PortLost(Exception):
     """The chosen port was taken before vLLM bound it."""
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any process (zombies included) is left in process group ``pgid``."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM the group, wait up to ``grace_s`` for it to empty, then SIGKILL what is left."""
-    pgid = proc.pid  # start_new_session=True made the child the leader of a group with its pid
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, sig)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            # Reap the leader; its orphaned children (engine processes) are reparented to init,
-            # which reaps them, so the group empties without our help.
-            if proc.poll() is not None and not group_alive(pgid):
-                return
-            time.sleep(0.1)
-        if sig == signal.SIGTERM:
-            logger.warning("vLLM server group %d ignored SIGTERM for %.0f s; sending SIGKILL.", pgid, grace_s)
-    if group_alive(pgid):
-        raise VLLMServerError(f"vLLM server process group {pgid} survived SIGKILL. Check `ps -g {pgid}`.")
-
-
-# ---------------------------------------------------------------------- cleanup on owner exit
-
-_LIVE: dict[int, VLLMServer] = {}
-_LIVE_LOCK = threading.RLock()
-_HOOKS: dict[str, Any] = {"atexit_pid": None, "sigterm_pid": None, "previous_sigterm": signal.SIG_DFL}
-
-
-def _register(server: VLLMServer) -> None:
-    with _LIVE_LOCK:
-        _LIVE[id(server)] = server
-    install_cleanup_hooks()
-
-
-def _unregister(server: VLLMServer) -> None:
-    with _LIVE_LOCK:
-        _LIVE.pop(id(server), None)
-
-
-def stop_all() -> None:
-    """Stop every server this process started and has not stopped yet (the ``atexit`` hook).
-
-    A child forked from the owner inherits this registry but not the servers' ownership, so
-    it does nothing there.
-    """
-    if os.getpid() != _HOOKS["atexit_pid"]:
-        return
-    with _LIVE_LOCK:
-        servers = list(_LIVE.values())
-    for server in servers:
-        try:
-            server.stop()
-        except Exception:  # noqa: BLE001 - one server failing to stop must not leak the others
-            logger.exception("Could not stop %r.", server)
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """Stop the servers, then do what SIGTERM did before: call that handler, or die of SIGTERM."""
-    stop_all()
-    previous = _HOOKS["previous_sigterm"]
-    if callable(previous):
-        previous(signum, frame)
-        return
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def install_cleanup_hooks() -> None:
-    """Register the ``atexit`` hook and, from the main thread, the SIGTERM handler. Idempotent.
-
-    Starting a server calls this. A caller that starts servers from a worker thread (where
-    Python cannot install signal handlers) should call it once from the main thread first, or
-    SIGTERM to the owner leaves the server running (nothing else runs on a default SIGTERM).
-    SIGTERM is left alone when it is ignored; a Python handler already installed is chained.
-    """
-    pid = os.getpid()
-    with _LIVE_LOCK:
-        if _HOOKS["atexit_pid"] is None:
-            atexit.register(stop_all)
-        _HOOKS["atexit_pid"] = pid
-        if _HOOKS["sigterm_pid"] == pid:
-            return
-        if threading.current_thread() is not threading.main_thread():
-            logger.warning(
-                "A vLLM server was started outside the main thread, where no SIGTERM handler can be "
-                "installed: SIGTERM to this process would leave it running. Call "
-                "dna_factory.vllm_server.install_cleanup_hooks() from the main thread first."
-            )
-            return
-        current = signal.getsignal(signal.SIGTERM)
-        if current is signal.SIG_IGN:
-            return
-        if current is not _on_sigterm:
-            _HOOKS["previous_sigterm"] = current if callable(current) else signal.SIG_DFL
-            signal.signal(signal.SIGTERM, _on_sigterm)
-        _HOOKS["sigterm_pid"] = pid

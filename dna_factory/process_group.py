@@ -1,0 +1,143 @@
+"""Child processes that run in a process group of their own, and the cleanup that stops them with their owner.
+
+A vLLM server (:mod:`dna_factory.vllm_server`) and a checkpoint-eval harness run
+(:mod:`dna_factory.eval_harness`) each start with ``start_new_session=True``: the child leads a new session
+and process group, so one ``os.killpg`` reaches it and everything it spawned (vLLM's engine core, the
+harness's workers). Both stop the same way (:func:`kill_group`: SIGTERM, a grace period, SIGKILL) and both
+register here while they run, so that :func:`stop_all` — the ``atexit`` hook and the SIGTERM handler that
+:func:`install_cleanup_hooks` installs — stops every group the owner started when the owner ends (a SLURM
+preemption, a Ctrl-C that reaches only the trainer).
+
+Example:
+    >>> import subprocess, sys
+    >>> proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    >>> kill_group(proc, grace_s=5.0), group_alive(proc.pid)
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from types import FrameType
+from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process (zombies included) is left in process group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_group(proc: subprocess.Popen, grace_s: float, what: str = "process") -> bool:
+    """SIGTERM ``proc``'s group (``proc`` started with ``start_new_session=True``), wait up to ``grace_s`` for it
+    to empty, then SIGKILL what is left; False when even SIGKILL did not empty it (an unkillable process)."""
+    pgid = proc.pid  # start_new_session=True made the child the leader of a group with its pid
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            # Reap the leader; its orphaned children are reparented to init, which reaps them, so the group
+            # empties without our help.
+            if proc.poll() is not None and not group_alive(pgid):
+                return True
+            time.sleep(0.1)
+        if sig == signal.SIGTERM:
+            logger.warning("%s group %d ignored SIGTERM for %.0f s; sending SIGKILL.", what, pgid, grace_s)
+    proc.poll()
+    return not group_alive(pgid)
+
+
+# ---------------------------------------------------------------------- cleanup on owner exit
+
+_LIVE: dict[int, Stoppable] = {}
+_LIVE_LOCK = threading.RLock()
+_HOOKS: dict[str, Any] = {"atexit_pid": None, "sigterm_pid": None, "previous_sigterm": signal.SIG_DFL}
+
+
+def register(owner: Stoppable) -> None:
+    """Stop ``owner`` (its ``stop()``) when this process exits or gets SIGTERM, unless it was unregistered first."""
+    with _LIVE_LOCK:
+        _LIVE[id(owner)] = owner
+    install_cleanup_hooks()
+
+
+def unregister(owner: Stoppable) -> None:
+    with _LIVE_LOCK:
+        _LIVE.pop(id(owner), None)
+
+
+def stop_all() -> None:
+    """Stop every registered group this process started and has not stopped yet (the ``atexit`` hook).
+
+    A child forked from the owner inherits this registry but not the groups' ownership, so it does nothing there.
+    """
+    if os.getpid() != _HOOKS["atexit_pid"]:
+        return
+    with _LIVE_LOCK:
+        owners = list(_LIVE.values())
+    for owner in owners:
+        try:
+            owner.stop()
+        except Exception:  # noqa: BLE001 - one group failing to stop must not leak the others
+            logger.exception("Could not stop %r.", owner)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """Stop the groups, then do what SIGTERM did before: call that handler, or die of SIGTERM."""
+    stop_all()
+    previous = _HOOKS["previous_sigterm"]
+    if callable(previous):
+        previous(signum, frame)
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def install_cleanup_hooks() -> None:
+    """Register the ``atexit`` hook and, from the main thread, the SIGTERM handler. Idempotent.
+
+    Registering a group calls this. A caller that starts groups from a worker thread (where Python cannot
+    install signal handlers) should call it once from the main thread first, or SIGTERM to the owner leaves
+    them running (nothing else runs on a default SIGTERM). SIGTERM is left alone when it is ignored; a Python
+    handler already installed is chained.
+    """
+    pid = os.getpid()
+    with _LIVE_LOCK:
+        if _HOOKS["atexit_pid"] is None:
+            atexit.register(stop_all)
+        _HOOKS["atexit_pid"] = pid
+        if _HOOKS["sigterm_pid"] == pid:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning(
+                "A vLLM server or eval harness was started outside the main thread, where no SIGTERM handler "
+                "can be installed: SIGTERM to this process would leave it running. Call "
+                "dna_factory.process_group.install_cleanup_hooks() from the main thread first."
+            )
+            return
+        current = signal.getsignal(signal.SIGTERM)
+        if current is signal.SIG_IGN:
+            return
+        if current is not _on_sigterm:
+            _HOOKS["previous_sigterm"] = current if callable(current) else signal.SIG_DFL
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        _HOOKS["sigterm_pid"] = pid
