@@ -36,7 +36,6 @@ Example (needs a judge server, e.g. ``vllm serve <model> --port 8001``):
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import re
@@ -48,6 +47,7 @@ from typing import Any
 import aiohttp
 
 from rewards.interface import column, completion_text, label_mask, prompt_text
+from rewards.json_http import RequestFailed, request_json, waits
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,6 @@ DEFAULT_API_KEY = "EMPTY"
 PROMPTS_DIR = Path(__file__).parent / "prompts"
 
 # Statuses where the same request may succeed later: timeouts, rate limits, server errors.
-_RETRY_STATUSES = frozenset({408, 409, 425, 429})
 _PLACEHOLDER = re.compile(r"\{(prompt|completion|reference)\}")
 _SCORE_LINE = re.compile(r"score\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)\s*\**\s*(?:/\s*10)?", re.IGNORECASE)
 _BARE_SCORE = re.compile(r"^\**\s*(-?\d+(?:\.\d+)?)\s*\**\s*(?:/\s*10)?\s*\.?$")
@@ -408,40 +407,22 @@ async def _request_with_retries(
     path: str,
     payload: dict[str, Any] | None,
 ) -> Any:
-    """One JSON request with up to MAX_RETRIES retries after BACKOFF_S waits.
-
-    Timeouts, connection errors, 408/409/425/429, 5xx and bodies that are not JSON are retried;
-    another 4xx is final at once (the same request would fail again).
+    """One JSON request with up to MAX_RETRIES retries after BACKOFF_S waits (:func:`rewards.json_http.request_json`).
 
     Raises:
         JudgeRequestError: After the last attempt fails, with a message free of the API key.
     """
-    url = f"{connection.base_url}{path}"
-    attempts = MAX_RETRIES + 1
-    last = "no attempt made"
-    for attempt in range(attempts):
-        if attempt:
-            await asyncio.sleep(BACKOFF_S[min(attempt - 1, len(BACKOFF_S) - 1)])
-        try:
-            timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
-            async with session.request(method, url, json=payload, timeout=timeout) as response:
-                text = await response.text()
-                if response.status >= 400:
-                    last = f"HTTP {response.status}: {text[:200]!r}"
-                    if response.status < 500 and response.status not in _RETRY_STATUSES:
-                        break
-                    continue
-            try:
-                return json.loads(text)
-            except json.JSONDecodeError:
-                last = f"the reply is not JSON: {text[:200]!r}"
-        except TimeoutError:
-            last = f"no reply within {TIMEOUT_S:g} s"
-        except aiohttp.ClientError as exc:
-            last = _describe(exc)
-    raise JudgeRequestError(
-        connection.redact(f"{method} {url} failed after {attempt + 1} attempt(s): {last}")
-    ) from None
+    try:
+        return await request_json(
+            session,
+            method,
+            f"{connection.base_url}{path}",
+            payload,
+            timeout_s=TIMEOUT_S,
+            retry_waits_s=waits(MAX_RETRIES, BACKOFF_S),
+        )
+    except RequestFailed as exc:
+        raise JudgeRequestError(connection.redact(str(exc))) from None
 
 
 def make_judge_reward(

@@ -26,14 +26,14 @@ from typing import Any
 
 import aiohttp
 
+from rewards.json_http import RequestFailed, request_json, waits
+
 logger = logging.getLogger(__name__)
 
 MAX_RETRIES = 3
 """Retries of a request after a timeout, a connection error, HTTP 408/409/425/429 or 5xx."""
 BACKOFF_S = (1.0, 2.0, 4.0)
 """Seconds to wait before retry 1, 2 and 3."""
-
-_RETRY_STATUSES = frozenset({408, 409, 425, 429})
 
 
 class RolloutError(RuntimeError):
@@ -188,37 +188,30 @@ class ServerRollouts:
         return Rollouts([_as_completion(prompt, text) for text in texts[: sampling.n]])
 
     async def _request(self, method: str, path: str, payload: dict[str, Any] | None) -> dict[str, Any]:
-        """One JSON request with retries; raises RolloutError (API key redacted) when it fails for good."""
+        """One JSON request with retries (:func:`rewards.json_http.request_json`); raises RolloutError (API key
+        redacted) when it fails for good."""
         assert self._session is not None and self._semaphore is not None, "use `async with`"
         url = f"{self.base_url}{path}"
-        last = "no attempt made"
         async with self._semaphore:
-            for attempt in range(MAX_RETRIES + 1):
-                if attempt:
-                    await asyncio.sleep(BACKOFF_S[min(attempt - 1, len(BACKOFF_S) - 1)])
-                try:
-                    timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-                    async with self._session.request(method, url, json=payload, timeout=timeout) as response:
-                        text = await response.text()
-                    if response.status >= 400:
-                        last = f"HTTP {response.status}: {text[:300]}"
-                        if response.status < 500 and response.status not in _RETRY_STATUSES:
-                            break  # the same request would fail again
-                        continue
-                    body = json.loads(text)
-                    if isinstance(body, dict):
-                        return body
-                    last = f"the reply is not a JSON object: {text[:200]}"
-                except TimeoutError:
-                    last = f"no reply within {self.timeout_s:g} s"
-                except aiohttp.ClientError as exc:
-                    last = f"{type(exc).__name__}: {exc}"
-                except json.JSONDecodeError:
-                    last = "the reply is not JSON"
-        message = f"{method} {url} failed after {attempt + 1} attempt(s): {last}"
-        if self._api_key and self._api_key != "EMPTY":
-            message = message.replace(self._api_key, "***")
-        raise RolloutError(message)
+            try:
+                body = await request_json(
+                    self._session,
+                    method,
+                    url,
+                    payload,
+                    timeout_s=self.timeout_s,
+                    retry_waits_s=waits(MAX_RETRIES, BACKOFF_S),
+                )
+            except RequestFailed as exc:
+                message = str(exc)
+                if self._api_key and self._api_key != "EMPTY":
+                    message = message.replace(self._api_key, "***")
+                raise RolloutError(message) from None
+        if not isinstance(body, dict):
+            raise RolloutError(
+                f"{method} {url} answered JSON that is not an object: {json.dumps(body)[:200]}"
+            )
+        return body
 
 
 def _choice_text(choice: Any, chat: bool) -> str:
