@@ -50,6 +50,7 @@ from dna_factory.pipeline_recipe import (
     load_pipeline,
     stage_argv,
 )
+from dna_factory.run_files import write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -220,9 +221,7 @@ def run_stage(stage: PipelineStage, model: str, root: Path, models: dict[str, st
         "input_model": model,
         "seconds": seconds,
     }
-    tmp = out / (DONE + ".tmp")
-    tmp.write_text(json.dumps(done, indent=2) + "\n")
-    tmp.replace(out / DONE)
+    write_atomic(out / DONE, json.dumps(done, indent=2) + "\n")
     return done
 
 

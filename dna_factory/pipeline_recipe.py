@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from dna_factory import run_files
 from dna_factory.config import load_yaml
 from dna_factory.config_types import suggest
 from dna_factory.errors import DnaConfigError
@@ -34,7 +35,7 @@ STAGE_KEYS = {
     "model",
 }
 REFERENCE = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")  # "${stage}" in overrides: that stage's final model
-DONE = "DONE.json"
+DONE = run_files.DONE
 
 
 @dataclass

@@ -11,20 +11,18 @@ import json
 import logging
 from pathlib import Path
 
+from dna_factory.run_files import DONE, RUN_SUMMARY, eval_rows, read_json, train_history, write_atomic
+
 logger = logging.getLogger(__name__)
 
 CURVES = ("loss", "reward", "opd/reverse_kl_mean")
 
 
-def _read_json(path: Path):
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def stage_summary(stage, root: Path) -> dict:
     out = stage.output_dir(root)
-    summary = _read_json(out / "run_summary.json") or {}
-    history = _read_json(out / "log_history.json") or []
-    done = _read_json(out / "DONE.json")
+    summary = read_json(out / RUN_SUMMARY) or {}
+    history = train_history(out)
+    done = read_json(out / DONE)
     last = {}
     for key in CURVES:
         values = [h[key] for h in history if key in h]
@@ -32,14 +30,10 @@ def stage_summary(stage, root: Path) -> dict:
             last[key] = values[-1]
     # Checkpoint evals in step order: {"step": N, "eval/<task>": value, ...} per evaluated checkpoint.
     eval_history = []
-    results = out / "eval_results.jsonl"
-    if results.is_file():
-        for line in results.read_text().splitlines():
-            row = json.loads(line)
-            metrics = {k: v for k, v in row.items() if k.startswith("eval/") and k != "eval/step"}
-            if metrics:
-                eval_history.append({"step": row.get("eval/step", 0), **metrics})
-    eval_history.sort(key=lambda e: e["step"])
+    for row in eval_rows(out):
+        metrics = {k: v for k, v in row.items() if k.startswith("eval/") and k != "eval/step"}
+        if metrics:
+            eval_history.append({"step": row.get("eval/step", 0), **metrics})
     evals = {}
     for entry in eval_history:
         evals.update({k: v for k, v in entry.items() if k != "step"})
@@ -140,9 +134,7 @@ def write_report(pipeline) -> dict:
         ("pipeline_report.json", json.dumps(payload, indent=2, default=str) + "\n"),
         ("pipeline_report.md", markdown(pipeline, rows)),
     ):
-        tmp = root / (name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(root / name)
+        write_atomic(root / name, text)
     try:
         plot(rows, root / "pipeline_report.png")
     except Exception as exc:  # a plotting problem must not fail a finished pipeline

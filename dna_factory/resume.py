@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from dna_factory.errors import DnaConfigError
+from dna_factory.run_files import LOG_HISTORY, RUN_SUMMARY, read_json, write_atomic
 
 logger = logging.getLogger(__name__)
 
 FINGERPRINT_NAME = "run_fingerprint.json"
-SUMMARY_NAME = "run_summary.json"
+SUMMARY_NAME = RUN_SUMMARY
 TRAINER_STATE_NAME = "trainer_state.json"  # transformers.trainer_callback.TRAINER_STATE_NAME, written last
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -130,13 +131,6 @@ def newest_complete_checkpoint(output_dir: str | Path) -> Path | None:
             TRAINER_STATE_NAME,
         )
     return None
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 class AlreadyFinished(Exception):
@@ -290,7 +284,7 @@ def move_aside(output_dir: str | Path) -> Path:
     out = Path(output_dir)
     target = out / time.strftime("previous-%Y%m%d-%H%M%S")
     target.mkdir()
-    names = {SUMMARY_NAME, FINGERPRINT_NAME, "resolved_config.yaml", "log_history.json", "completions.jsonl"}
+    names = {SUMMARY_NAME, FINGERPRINT_NAME, "resolved_config.yaml", LOG_HISTORY, "completions.jsonl"}
     for path in out.iterdir():
         if path.name in names or _CHECKPOINT.match(path.name) or path.name == "completions":
             path.replace(target / path.name)
@@ -310,6 +304,4 @@ def follow_umask(folder: Path) -> None:
 
 
 def write_fingerprint(path: Path, record: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(record, indent=2) + "\n")

@@ -49,6 +49,7 @@ from dna_factory.resume import (
     plan_resume,
     write_fingerprint,
 )
+from dna_factory.run_files import LOG_HISTORY, RUN_SUMMARY, write_atomic
 from dna_factory.stages import Stage, get_stage
 from dna_factory.validation import run_validators
 
@@ -174,9 +175,7 @@ def write_resolved_config(cfg: ResolvedConfig, output_dir: str, kept_as: str | N
     target = out / RESOLVED_CONFIG_NAME
     if kept_as and target.is_file():
         target.replace(out / kept_as)
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(cfg.render(), encoding="utf-8")
-    tmp.replace(target)
+    write_atomic(target, cfg.render())
     return target
 
 
@@ -285,12 +284,8 @@ def train(stage: Stage, cfg: ResolvedConfig, started: float | None = None) -> di
         **provenance(),
     }
     if is_main:
-        history = Path(output_dir) / "log_history.json"
-        history.with_suffix(".tmp").write_text(json.dumps(state.log_history, default=str) + "\n")
-        history.with_suffix(".tmp").replace(history)
-        tmp = Path(output_dir) / (RUN_SUMMARY_NAME + ".tmp")
-        tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        tmp.replace(Path(output_dir) / RUN_SUMMARY_NAME)
+        write_atomic(Path(output_dir) / LOG_HISTORY, json.dumps(state.log_history, default=str) + "\n")
+        write_atomic(Path(output_dir) / RUN_SUMMARY, json.dumps(summary, indent=2, default=str) + "\n")
         logger.info("Saved the final model to %s (global step %d).", output_dir, state.global_step)
     return summary
 

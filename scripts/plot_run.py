@@ -13,33 +13,14 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dna_factory.run_files import eval_rows, train_history  # noqa: E402 - after the path
+
 DEFAULT_TRAIN_KEYS = ("loss", "reward", "opd/reverse_kl_mean", "rewards/chosen")
-
-
-def train_history(run: Path) -> list[dict]:
-    """The trainer's logged rows (each has ``step``); [] when none were written yet."""
-    final = run / "log_history.json"
-    if final.is_file():
-        return json.loads(final.read_text())
-    states = sorted(
-        run.glob("checkpoint-*/trainer_state.json"),
-        key=lambda p: int(re.sub(r"\D", "", p.parent.name) or 0),
-    )
-    return json.loads(states[-1].read_text())["log_history"] if states else []
-
-
-def eval_rows(run: Path) -> list[dict]:
-    """Successful rows of ``eval_results.jsonl``, in step order."""
-    path = run / "eval_results.jsonl"
-    if not path.is_file():
-        return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return sorted((r for r in rows if "error" not in r), key=lambda r: r["eval/step"])
 
 
 def curves(run: Path, train_keys: tuple[str, ...]) -> dict[str, list[tuple[float, float]]]:
