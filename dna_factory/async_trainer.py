@@ -42,6 +42,7 @@ from trl.experimental.async_grpo import async_grpo_trainer as _trl_async
 
 import dna_factory.rollout_child  # noqa: F401  (TRL's rollout child, with its two guards)
 from dna_factory.errors import DnaConfigError
+from dna_factory.trl_pin import TRL_VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,6 @@ def _peak_flops_per_device(accelerator, dtype):
 
 _trl_async.get_peak_flops_per_device = _peak_flops_per_device
 
-TRL_VERSION = "1.16.0"
 ROLLOUT_STATE = "rollout_state.json"
 TRAINED_RECORD = "trained_groups.jsonl"
 

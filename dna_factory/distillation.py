@@ -62,8 +62,6 @@ from trl.trainer.utils import add_fused_lm_head
 
 logger = logging.getLogger(__name__)
 
-TRL_VERSION = "1.16.0"
-
 
 # --------------------------------------------------------------------------- the maths
 

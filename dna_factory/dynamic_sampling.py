@@ -55,7 +55,6 @@ from dna_factory.errors import DnaConfigError
 
 logger = logging.getLogger(__name__)
 
-TRL_VERSION = "1.16.0"
 MODES = ("off", "mask", "resample")
 DEAD_KEY = "dyn_dead"
 # Per-row (B, T) tensors of TRL's scored batch and how to pad them when batches are joined.

@@ -26,7 +26,6 @@ import torch
 import trl
 
 from dna_factory.distillation import (
-    TRL_VERSION,
     SampledTokenOPDTrainer,
     importance_sampling_loss,
     sampled_token_advantages,
@@ -35,6 +34,7 @@ from dna_factory.errors import DnaConfigError
 from dna_factory.loading import load_context
 from dna_factory.runner import prepare
 from dna_factory.teacher_server import TeacherScoringError, TeacherServer
+from dna_factory.trl_pin import TRL_VERSION
 from tests.conftest import REPO, run_cli
 from tests.teacher_fixtures import FaultyTeacher
 

@@ -11,10 +11,11 @@ import pytest
 import torch
 import trl
 
-from dna_factory.dynamic_sampling import TRL_VERSION, DynamicSamplingGRPOTrainer
+from dna_factory.dynamic_sampling import DynamicSamplingGRPOTrainer
 from dna_factory.errors import DnaConfigError
 from dna_factory.loading import load_context
 from dna_factory.runner import prepare
+from dna_factory.trl_pin import TRL_VERSION
 from tests.conftest import run_cli
 
 

@@ -53,10 +53,10 @@ from collections.abc import Callable
 from typing import Any
 
 from dna_factory.errors import DnaConfigError
+from dna_factory.trl_pin import TRL_VERSION
 
 logger = logging.getLogger(__name__)
 
-TRL_VERSION = "1.16.0"
 TOOL_CALL_ERROR_KEY = "__tool_call_error__"
 """The only argument of an error call: why the model's call could not be read."""
 INVALID_TOOL_NAME = "invalid_tool_call"
