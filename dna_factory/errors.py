@@ -7,6 +7,8 @@ traceback.
 
 import signal
 
+from rewards.errors import RewardConfigError
+
 
 class DnaConfigError(ValueError):
     """A problem with the recipe, the CLI flags or the input data, found before training."""
@@ -18,6 +20,10 @@ class DnaServiceError(DnaConfigError):
     Printed like a config error (one line, exit 2): the fix is on the user's side — start the
     server, fix its URL, give it more time — and the message says which.
     """
+
+
+CONFIG_ERRORS = (DnaConfigError, RewardConfigError)
+"""What an entry script prints as one ``error:`` line (exit status 2): ours, and a bad reward entry's."""
 
 
 class Interrupted(KeyboardInterrupt):  # a KeyboardInterrupt: no `except Exception` on the way swallows it

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 from dna_factory.checkpoint_eval import checkpoint_eval_callbacks
 from dna_factory.config import ResolvedConfig, RunArguments
 from dna_factory.data import looks_local
-from dna_factory.errors import DnaConfigError
+from dna_factory.errors import CONFIG_ERRORS, DnaConfigError
 from dna_factory.prompts import PromptArguments, PromptRule, local_chat_template, resolve_prompt_format
 from dna_factory.stages import Stage, StageContext
 
@@ -78,7 +78,7 @@ def loading(what: str, model: str):
     try:
         yield
     except (OSError, ValueError) as exc:
-        if isinstance(exc, DnaConfigError):
+        if isinstance(exc, CONFIG_ERRORS):
             raise
         first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         offline = (
@@ -102,7 +102,7 @@ def building_trainer(stage: str):
     try:
         yield
     except (OSError, ValueError) as exc:
-        if isinstance(exc, DnaConfigError):
+        if isinstance(exc, CONFIG_ERRORS):
             raise
         first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
         raise DnaConfigError(

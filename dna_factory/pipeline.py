@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from dna_factory.config_types import suggest
-from dna_factory.errors import DnaConfigError
+from dna_factory.errors import CONFIG_ERRORS, DnaConfigError
 from dna_factory.pipeline_recipe import (
     DONE,
     Pipeline,
@@ -115,7 +115,7 @@ def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
             if stage.gpus.get("train"):
                 os.environ["CUDA_VISIBLE_DEVICES"] = stage.gpus["train"]
             entry_stage, cfg = prepare(stage.entry, argv)
-        except DnaConfigError as exc:
+        except CONFIG_ERRORS as exc:
             raise DnaConfigError(
                 f"Stage {stage.index} ({stage.name}, {stage.entry}.py {stage.config}): {exc}"
             ) from None
@@ -150,7 +150,7 @@ def preview_stages(rows: list[dict], n: int) -> None:
         print(f"\n## Stage {r['index']} ({r['name']}, {r['entry']}.py {r['config']})")
         try:
             tokenizer, train_dataset, _ = load_data(entry_stage, cfg)
-        except DnaConfigError as exc:
+        except CONFIG_ERRORS as exc:
             raise DnaConfigError(f"Stage {r['index']} ({r['name']}): {exc}") from None
         preview(entry_stage, cfg, tokenizer, train_dataset, n)
 
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n# dry run: every stage's config is valid.")
             return 0
         run(pipeline, selected)
-    except DnaConfigError as exc:
+    except CONFIG_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:

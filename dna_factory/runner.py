@@ -24,7 +24,7 @@ from pathlib import Path
 from dna_factory.checkpoint_eval import CheckpointEvalArguments
 from dna_factory.config import ResolvedConfig, RunArguments, resolve
 from dna_factory.config_types import dataclass_defaults, field_types
-from dna_factory.errors import DnaConfigError, Interrupted
+from dna_factory.errors import CONFIG_ERRORS, Interrupted
 from dna_factory.loading import building_trainer, load_context, load_data
 from dna_factory.preview import preview, split_preview_flag
 from dna_factory.prompts import PromptArguments
@@ -374,7 +374,7 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
             print(f"# dry run: config valid, all validators passed for {stage.name}.py", file=sys.stderr)
             return 0
         train(stage, cfg, started)
-    except DnaConfigError as exc:
+    except CONFIG_ERRORS as exc:
         if debug:
             traceback.print_exc()
         print(f"error: {exc}", file=sys.stderr)

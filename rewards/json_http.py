@@ -1,5 +1,5 @@
 """One JSON request over HTTP with retries, for the judge (:mod:`rewards.generative`) and the learnability
-filter's rollouts (:mod:`rewards.rollouts`), both on an ``aiohttp`` session the caller owns.
+filter's rollouts (:mod:`dna_factory.filter.rollouts`), both on an ``aiohttp`` session the caller owns.
 
 Timeouts, connection errors, HTTP 408/409/425/429, 5xx and bodies that are not JSON are retried after
 the given waits; another 4xx is final at once (the same request would fail again). The error names the

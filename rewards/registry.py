@@ -47,15 +47,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dna_factory.errors import DnaConfigError
+from rewards.errors import RewardConfigError
 
 logger = logging.getLogger(__name__)
 
 RewardFunc = Callable[..., Any]
-
-
-class RewardConfigError(DnaConfigError):
-    """A ``reward_funcs`` entry that cannot be turned into a reward (a ValueError)."""
 
 
 @dataclass(frozen=True)
@@ -461,7 +457,7 @@ def check_reward_columns(entries: Iterable[str | Mapping[str, Any]], columns: It
         >>> check_reward_columns([{"factory": "string_match", "answer_column": "answr"}], ["prompt", "answer"])
         Traceback (most recent call last):
         ...
-        rewards.registry.RewardConfigError: Reward {'factory': 'string_match', 'answer_column': 'answr'} reads column 'answr', which no dataset in the mixture has. Did you mean 'answer'? Set the reward's column option to one of: answer, prompt.
+        rewards.errors.RewardConfigError: Reward {'factory': 'string_match', 'answer_column': 'answr'} reads column 'answr', which no dataset in the mixture has. Did you mean 'answer'? Set the reward's column option to one of: answer, prompt.
     """
     available = set(columns)
     for entry in entries:

@@ -20,11 +20,11 @@ from collections import Counter
 
 import pytest
 
-from dna_factory.errors import DnaConfigError
-from rewards import filter_tasks, learnability
-from rewards.filter_tasks import FilterTasksConfig, run
-from rewards.learnability import ScoreLog, classify, combine
-from rewards.rollouts import RolloutError
+from dna_factory import filter as filter_tasks
+from dna_factory.errors import CONFIG_ERRORS, DnaConfigError
+from dna_factory.filter import FilterTasksConfig, learnability, run
+from dna_factory.filter.learnability import ScoreLog, classify, combine
+from dna_factory.filter.rollouts import RolloutError
 from tests.conftest import REPO, cli_env, resume_server, run_cli
 from tests.filter_task_rewards import EXPECTED
 
@@ -222,7 +222,7 @@ def test_score_log_keeps_a_whole_last_record_without_newline(tmp_path):
 )
 def test_recipe_errors_say_what_to_do(override, message, tiny_model, tmp_path, write_jsonl):
     data = write_jsonl("a.jsonl", [{"prompt": "What is 1 + 1?", "answer": "2"}])
-    with pytest.raises(DnaConfigError) as info:
+    with pytest.raises(CONFIG_ERRORS) as info:
         filter_tasks.validate(_config(tiny_model, data, tmp_path / "out", **override))
     assert message in str(info.value)
 
@@ -358,7 +358,7 @@ def test_string_prompts_are_scored_as_the_chats_training_will_see(tiny_model, tm
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o002, 0o664)])
 def test_written_files_follow_the_umask(umask, mode, tmp_path):
     """kept.jsonl and report.json are read by the group that trains on them (#19 item 8)."""
-    from rewards.learnability import write_atomic
+    from dna_factory.filter.learnability import write_atomic
 
     old = os.umask(umask)
     try:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dna_factory.errors import DnaConfigError
+from dna_factory.errors import CONFIG_ERRORS
 from dna_factory.runner import prepare
 from tests.conftest import REPO, run_cli
 
@@ -75,5 +75,5 @@ def test_dry_run_rejects_reward_reading_a_missing_column(tiny_model):
     ],
 )
 def test_grpo_config_errors(flags, message, tiny_model):
-    with pytest.raises(DnaConfigError, match=message):
+    with pytest.raises(CONFIG_ERRORS, match=message):  # a bad reward entry is rewards' own RewardConfigError
         prepare("grpo", ["--config", RECIPE, *flags])
