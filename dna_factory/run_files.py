@@ -20,8 +20,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +35,27 @@ EVAL_RESULTS = "eval_results.jsonl"
 DONE = "DONE.json"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through ``<path>.tmp`` and a rename: a reader sees the old file or the new one."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+def write_atomic(path: str | os.PathLike[str], text: str | Iterable[str]) -> None:
+    """Write ``text`` (a string, or chunks of one) to ``path`` through a temporary file in the same folder and a
+    rename: a reader sees the old file or the whole new one, never a half-written one. The temporary file is
+    removed when writing fails; the new file's mode follows the umask, as a plain ``open()``'s would."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(handle, 0o666 & ~umask)  # mkstemp makes 0600
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            for chunk in [text] if isinstance(text, str) else text:
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def read_json(path: Path) -> Any:

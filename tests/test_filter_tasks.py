@@ -358,7 +358,7 @@ def test_string_prompts_are_scored_as_the_chats_training_will_see(tiny_model, tm
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o002, 0o664)])
 def test_written_files_follow_the_umask(umask, mode, tmp_path):
     """kept.jsonl and report.json are read by the group that trains on them (#19 item 8)."""
-    from dna_factory.filter.learnability import write_atomic
+    from dna_factory.run_files import write_atomic
 
     old = os.umask(umask)
     try:

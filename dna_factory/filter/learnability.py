@@ -28,14 +28,12 @@ rerun skips every key already there.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import math
 import os
-import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,28 +193,3 @@ class ScoreLog:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def write_atomic(path: str | os.PathLike[str], chunks: Iterable[str]) -> None:
-    """Write ``chunks`` to ``path`` through a temporary file in the same folder and a rename.
-
-    A reader sees the old file or the whole new one, never a half-written one; the temporary
-    file is removed when writing fails.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(handle, 0o666 & ~umask)  # mkstemp makes 0600; a plain open() would follow the umask
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            for chunk in chunks:
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise

@@ -156,7 +156,8 @@ def run(cfg: FilterTasksConfig) -> dict[str, Any]:
         The report (also written to ``output_dir/report.json``).
     """
     from dna_factory.data import load_mixture
-    from dna_factory.filter.learnability import CLASSES, ScoreLog, fingerprint, prompt_key, write_atomic
+    from dna_factory.filter.learnability import CLASSES, ScoreLog, fingerprint, prompt_key
+    from dna_factory.run_files import write_atomic
     from dna_factory.vllm_server import VLLMServer
     from rewards.registry import reward_name
 
