@@ -21,7 +21,6 @@ from pathlib import Path
 from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError, DnaServiceError
 from dna_factory.services import server_root, wait_for_services
-from dna_factory.weight_sync import resume_if_paused
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +186,6 @@ def validate_completion_length_against_server(cfg: ResolvedConfig) -> int | None
             SERVER_RETRIES,
         )
         return None
-    resume_if_paused(base_url, dry_run=bool(cfg.get("dry_run")))
     served = [m.get("id") for m in models]
     wanted = str(cfg.get("model_name_or_path"))
     if wanted not in served:

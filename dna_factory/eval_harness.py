@@ -143,7 +143,7 @@ class HarnessRun:
         self.log_path = log_path
         self._proc: subprocess.Popen | None = None
         self._stopped = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # stop() may run from the SIGTERM handler while the thread holds it
 
     @property
     def pid(self) -> int | None:

@@ -42,10 +42,11 @@ def write_atomic(path: str | os.PathLike[str], text: str | Iterable[str]) -> Non
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(handle, 0o666 & ~umask)  # mkstemp makes 0600
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        with contextlib.suppress(OSError):  # mkstemp makes 0600; some network filesystems refuse chmod
+            os.fchmod(handle, 0o666 & ~umask)
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             for chunk in [text] if isinstance(text, str) else text:
                 out.write(chunk)

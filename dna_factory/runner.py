@@ -10,6 +10,7 @@ call :func:`main` with the stage name and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -287,6 +288,7 @@ def train(stage: Stage, cfg: ResolvedConfig, started: float | None = None) -> di
         write_atomic(Path(output_dir) / LOG_HISTORY, json.dumps(state.log_history, default=str) + "\n")
         write_atomic(Path(output_dir) / RUN_SUMMARY, json.dumps(summary, indent=2, default=str) + "\n")
         logger.info("Saved the final model to %s (global step %d).", output_dir, state.global_step)
+    trainer.end()  # transformers 5: finish the trackers, destroy the process group (every rank)
     return summary
 
 
@@ -358,7 +360,11 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     setup_logging()
     if any(a in ("-h", "--help") for a in argv):
-        _print_help(get_stage(stage_name))
+        stage = get_stage(stage_name)
+        if stage.variant is not None:  # grpo_execution: async has its own keys and defaults file
+            with contextlib.suppress(*CONFIG_ERRORS):
+                stage = stage.variant(argv)
+        _print_help(stage)
         return 0
     argv, debug = split_debug_flag(argv)
     try:

@@ -52,6 +52,12 @@ TOUCH_POINTS = (
         "tests/test_async_grpo.py::test_trl_rollout_numbering_and_queue_reads_canary",
     ),
     TouchPoint(
+        "dna_factory/weight_sync.py",
+        "_TrainBeginCallback's cold weight sync before the rollout worker starts, and pause() before resume() "
+        "in _sync_weight_merged/_sync_weight_lora (a server left paused is resumed by the next run)",
+        "tests/test_async_grpo.py::test_trl_cold_sync_comes_before_the_rollout_worker_canary",
+    ),
+    TouchPoint(
         "dna_factory/rollout_watchdog.py",
         "AsyncRolloutWorker._process, _failed_event, _exception_info_queue, _loop_kwargs['vllm_server_url'], "
         "check_health and stop (replaced on the instance)",

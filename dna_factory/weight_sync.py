@@ -23,7 +23,8 @@ A sync that fails after the pause (an exception or Ctrl-C while the weights are 
 reloaded) resumes the server before the error goes on, and ``destroy()`` (TRL's training-loop ``finally``)
 resumes a server still paused: TRL 1.16 calls ``resume()`` only after ``send_weights()`` returned, and a
 paused server holds every later request without an answer. A run killed outright (SIGKILL) cannot; the next
-async run against that server resumes it (:func:`resume_if_paused`, with a warning).
+async run against that server resumes it with its first (cold) sync, which TRL 1.16 makes before the rollout
+worker starts (canary: ``tests/test_async_grpo.py::test_trl_cold_sync_comes_before_the_rollout_worker_canary``).
 
 The server must run with ``VLLM_SERVER_DEV_MODE=1`` and be able to read ``<dir>`` (same
 machine or a shared filesystem). Tied embeddings: vLLM's in-place reload leaves ``lm_head``
@@ -133,7 +134,11 @@ class FileWeightTransfer:
     def pause(self) -> None:
         # set before the request: a pause whose answer was lost may still have reached the server
         self.paused = True
-        self._post("/pause", query={"mode": "keep"})
+        try:
+            self._post("/pause", query={"mode": "keep"})
+        except (RuntimeError, urllib.error.HTTPError):  # the server answered, and refused: it is not paused
+            self.paused = False
+            raise
 
     def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
         try:
@@ -198,31 +203,3 @@ class FileWeightTransfer:
     def destroy(self) -> None:
         """TRL's training-loop ``finally``: a sync interrupted between ``send_weights`` and ``resume`` resumes here."""
         self._resume_after_failure()
-
-
-def server_paused(server_url: str, timeout_s: float = 10.0) -> bool | None:
-    """vLLM's dev-mode ``GET /is_paused``; None when the server does not say (no dev mode, auth, unreachable)."""
-    root = server_url.rstrip("/").removesuffix("/v1")
-    try:
-        with urllib.request.urlopen(root + "/is_paused", timeout=timeout_s) as response:
-            answer = json.loads(response.read())
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-    paused = answer.get("is_paused") if isinstance(answer, dict) else None
-    return paused if isinstance(paused, bool) else None
-
-
-def resume_if_paused(server_url: str, *, dry_run: bool = False) -> bool:
-    """Resume a server that a killed run left paused (every rollout request would wait for ever: an async run's
-    first resume comes only after a step trained on rollouts). Returns whether it was paused; under ``dry_run``
-    it only says so."""
-    root = server_url.rstrip("/").removesuffix("/v1")
-    if not server_paused(root):
-        return False
-    why = "a run stopped during a weight sync leaves it so, and every rollout request would wait for ever"
-    if dry_run:
-        logger.warning("The vLLM server at %s is paused (%s); the run will resume it.", root, why)
-        return True
-    post_dev_endpoint(root, "/resume", timeout_s=30.0)
-    logger.warning("The vLLM server at %s was paused (%s); resumed it.", root, why)
-    return True

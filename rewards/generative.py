@@ -420,6 +420,7 @@ async def _request_with_retries(
             payload,
             timeout_s=TIMEOUT_S,
             retry_waits_s=waits(MAX_RETRIES, BACKOFF_S),
+            secret=connection.api_key if connection.api_key != DEFAULT_API_KEY else None,
         )
     except RequestFailed as exc:
         raise JudgeRequestError(connection.redact(str(exc))) from None

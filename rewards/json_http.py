@@ -40,12 +40,20 @@ async def request_json(
     *,
     timeout_s: float,
     retry_waits_s: Sequence[float],
+    secret: str | None = None,
 ) -> Any:
     """Send ``payload`` as JSON and return the parsed JSON reply; one try, then one more after each wait.
+
+    ``secret`` (an API key) is replaced by ``***`` in the error before anything is cut or quoted, so a server
+    that echoes it never puts it, or a part of it, in a message.
 
     Raises:
         RequestFailed: After the last attempt failed.
     """
+
+    def hide(text: str) -> str:
+        return text.replace(secret, "***") if secret else text
+
     last, attempt = "no attempt made", 0
     for attempt, wait_s in enumerate((0.0, *retry_waits_s)):
         if attempt:
@@ -56,7 +64,7 @@ async def request_json(
             async with session.request(method, url, json=payload, timeout=timeout) as response:
                 text = await response.text()
             if response.status >= 400:
-                last = f"HTTP {response.status}: {text[:300]!r}"
+                last = f"HTTP {response.status}: {hide(text)[:300]!r}"
                 if response.status < 500 and response.status not in RETRY_STATUSES:
                     break
                 continue
@@ -64,7 +72,7 @@ async def request_json(
         except TimeoutError:
             last = f"no reply within {timeout_s:g} s"
         except aiohttp.ClientError as exc:
-            last = f"{type(exc).__name__}: {str(exc)[:200] or 'no detail'}"
+            last = f"{type(exc).__name__}: {hide(str(exc))[:200] or 'no detail'}"
         except json.JSONDecodeError:
-            last = f"the reply is not JSON: {text[:200]!r}"
-    raise RequestFailed(f"{method} {url} failed after {attempt + 1} attempt(s): {last}")
+            last = f"the reply is not JSON: {hide(text)[:200]!r}"
+    raise RequestFailed(hide(f"{method} {url} failed after {attempt + 1} attempt(s): {last}"))

@@ -143,6 +143,12 @@ def test_help_shows_the_default_a_run_gets_and_its_layer(stage, capsys):
     assert "default ['mmlu_pro', 'gpqa_diamond', 'kmmlu_pro']" in _help_line(out, "eval_tasks")
 
 
+def test_help_of_the_async_variant_shows_its_own_defaults(capsys):
+    assert main("grpo", ["--grpo_execution", "async", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "default 'nccl' from configs/_defaults-AsyncGRPO.yaml" in _help_line(out, "weight_sync")
+
+
 def test_resolved_config_roundtrips(tmp_path, tiny_model):
     """The file written into the output dir is a valid --config that resolves to the same values."""
     from dna_factory.runner import write_resolved_config

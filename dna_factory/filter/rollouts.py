@@ -115,6 +115,15 @@ class ServerRollouts:
         connector = aiohttp.TCPConnector(limit=self.concurrency)
         self._session = aiohttp.ClientSession(headers=headers, connector=connector)
         self._semaphore = asyncio.Semaphore(self.concurrency)
+        try:
+            await self._check_server()
+        except BaseException:  # __aexit__ does not run when __aenter__ raises
+            await self._session.close()
+            raise
+        return self
+
+    async def _check_server(self) -> None:
+        """The served model (or the first listed) and a server that is not paused."""
         listing = await self._request("GET", "/models", None)
         served = [str(entry.get("id")) for entry in listing.get("data", []) if isinstance(entry, dict)]
         if self.model is None:
@@ -128,7 +137,6 @@ class ServerRollouts:
                 "Set `model:` to one of those names."
             )
         await self._refuse_a_paused_server()
-        return self
 
     async def _refuse_a_paused_server(self) -> None:
         """A paused vLLM server (dev mode's ``/pause``, left so by a trainer stopped mid weight sync) holds every
@@ -201,12 +209,10 @@ class ServerRollouts:
                     payload,
                     timeout_s=self.timeout_s,
                     retry_waits_s=waits(MAX_RETRIES, BACKOFF_S),
+                    secret=self._api_key if self._api_key != "EMPTY" else None,
                 )
             except RequestFailed as exc:
-                message = str(exc)
-                if self._api_key and self._api_key != "EMPTY":
-                    message = message.replace(self._api_key, "***")
-                raise RolloutError(message) from None
+                raise RolloutError(str(exc)) from None
         if not isinstance(body, dict):
             raise RolloutError(
                 f"{method} {url} answered JSON that is not an object: {json.dumps(body)[:200]}"
