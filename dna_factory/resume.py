@@ -31,7 +31,6 @@ from dna_factory.run_files import LOG_HISTORY, RUN_SUMMARY, read_json, write_ato
 logger = logging.getLogger(__name__)
 
 FINGERPRINT_NAME = "run_fingerprint.json"
-SUMMARY_NAME = RUN_SUMMARY
 TRAINER_STATE_NAME = "trainer_state.json"  # transformers.trainer_callback.TRAINER_STATE_NAME, written last
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -154,7 +153,7 @@ class ResumePlan:
 def holds_a_run(output_dir: str | Path) -> bool:
     """A complete checkpoint or a finished run's summary: something a new run must not mix with."""
     out = Path(output_dir)
-    return (out / SUMMARY_NAME).is_file() or any(is_complete(c) for c in checkpoints(out))
+    return (out / RUN_SUMMARY).is_file() or any(is_complete(c) for c in checkpoints(out))
 
 
 def plan_resume(
@@ -200,7 +199,7 @@ def plan_resume(
                 f"resume_from_checkpoint={requested} but {output_dir} has no complete checkpoint-N. "
                 "Drop the flag to start fresh."
             )
-    finished = (out / SUMMARY_NAME).is_file() and explicit_path is None
+    finished = (out / RUN_SUMMARY).is_file() and explicit_path is None
     if checkpoint is None and not finished:
         return ResumePlan(
             None
@@ -211,7 +210,7 @@ def plan_resume(
         theirs = read_json(out / FINGERPRINT_NAME)
     changed = theirs is not None and (theirs.get("stage") != stage or bool(differences(theirs, mine)))
     if changed:
-        where = checkpoint.name if checkpoint is not None else SUMMARY_NAME
+        where = checkpoint.name if checkpoint is not None else RUN_SUMMARY
         if theirs.get("stage") != stage:
             problem = (
                 f"output_dir {output_dir} holds a {theirs.get('stage')} run ({where}) and this is {stage}: "
@@ -253,7 +252,7 @@ def _refuse_rerun_of_finished(out: Path, values: dict[str, Any], checkpoint: Pat
     Asked for: ``max_steps`` when set (> 0), else ``num_train_epochs``. A finished run that was cut short by
     its own ``max_steps`` is not finished for an epoch-based request.
     """
-    summary = read_json(out / SUMMARY_NAME)
+    summary = read_json(out / RUN_SUMMARY)
     if not summary or "global_step" not in summary:
         return
     done = int(summary["global_step"])
@@ -274,7 +273,7 @@ def _refuse_rerun_of_finished(out: Path, values: dict[str, Any], checkpoint: Pat
         ):
             return
     raise AlreadyFinished(
-        f"{out} holds this run, already finished at step {done} ({SUMMARY_NAME}): nothing to train. Raise "
+        f"{out} holds this run, already finished at step {done} ({RUN_SUMMARY}): nothing to train. Raise "
         "max_steps (or num_train_epochs) to train further, or use a new output_dir to start over."
     )
 
@@ -284,7 +283,7 @@ def move_aside(output_dir: str | Path) -> Path:
     out = Path(output_dir)
     target = out / time.strftime("previous-%Y%m%d-%H%M%S")
     target.mkdir()
-    names = {SUMMARY_NAME, FINGERPRINT_NAME, "resolved_config.yaml", LOG_HISTORY, "completions.jsonl"}
+    names = {RUN_SUMMARY, FINGERPRINT_NAME, "resolved_config.yaml", LOG_HISTORY, "completions.jsonl"}
     for path in out.iterdir():
         if path.name in names or _CHECKPOINT.match(path.name) or path.name == "completions":
             path.replace(target / path.name)

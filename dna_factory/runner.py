@@ -42,7 +42,6 @@ from dna_factory.rehearsal import (
 )
 from dna_factory.resume import (
     FINGERPRINT_NAME,
-    SUMMARY_NAME,
     AlreadyFinished,
     fingerprint,
     follow_umask,
@@ -57,7 +56,6 @@ from dna_factory.validation import run_validators
 logger = logging.getLogger("dna_factory")
 
 RESOLVED_CONFIG_NAME = "resolved_config.yaml"
-RUN_SUMMARY_NAME = SUMMARY_NAME
 
 
 def setup_logging(level: str = "info") -> None:
