@@ -14,7 +14,7 @@ over the inputs:
   stage trains, vs a naive ``log_softmax`` of the full ``(tokens, vocab)`` logits of both models;
 * ``server_teacher``: the sampled-token OPD loss with the student's log-probabilities from
   TRL's fused LM head (``ChunkedLogProbFunction``, the kernel ``add_fused_lm_head`` runs and
-  :func:`dna_factory.distillation.completion_logprobs` trains with) vs ``log_softmax`` of the
+  :func:`dna_factory.distill.trainers.completion_logprobs` trains with) vs ``log_softmax`` of the
   full logits then ``gather``.
 
 Both pairs must give the same loss (relative difference printed). A naive run that would not
@@ -73,7 +73,7 @@ def _compute(method: str, tokens: int, vocab: int, hidden: int, device: str) -> 
     from trl.trainer.distillation_trainer import _chunked_divergence_loss
     from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
 
-    from dna_factory.distillation import importance_sampling_loss, sampled_token_advantages
+    from dna_factory.distill.trainers import importance_sampling_loss, sampled_token_advantages
 
     h_s, h_t, w_s, w_t, targets, teacher_logps = _inputs(tokens, vocab, hidden, device)
     _reset_peak(device)
@@ -214,7 +214,7 @@ def bench_scoring(teacher_url: str, repeats: int) -> list[dict]:
 
     from transformers import AutoTokenizer
 
-    from dna_factory.teacher_server import TeacherServer
+    from dna_factory.distill.teacher_server import TeacherServer
 
     tokenizer = AutoTokenizer.from_pretrained(REPO / "artifacts" / "tiny" / "student")
     rows = [

@@ -9,7 +9,7 @@ A synthetic checkpoint is written under ``--dir`` (default ``outputs/bench-eval-
 filesystem checkpoints live on): ``model.safetensors`` of ``--size-gb`` GB (incompressible
 bytes), the configs and tokenizer of the tiny model, and an ``optimizer.pt`` and RNG state that
 staging must leave out. Each repeat stages it with
-:func:`dna_factory.checkpoint_eval.stage_checkpoint` twice: as in training (``os.link``), and
+:func:`dna_factory.eval.staging.stage_checkpoint` twice: as in training (``os.link``), and
 with ``os.link`` failing as it does across filesystems (EXDEV), which takes the copy fallback.
 
 Reported per mode: wall time of the staging call (median over repeats) and the extra disk
@@ -39,7 +39,7 @@ _REPO = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _REPO / "bench"]
 sys.path.insert(0, str(_REPO))
 
-from dna_factory.checkpoint_eval import stage_checkpoint  # noqa: E402
+from dna_factory.eval.staging import stage_checkpoint  # noqa: E402
 
 TINY = _REPO / "artifacts" / "tiny" / "student"
 CHUNK = 8 * 1024 * 1024

@@ -25,8 +25,9 @@ from typing import Any
 
 import yaml
 
-from dna_factory.config_types import check_known_keys, coerce_value, field_types, suggest
+from dna_factory.config_types import check_known_keys, coerce_value, field_types
 from dna_factory.errors import DnaConfigError
+from rewards.options import did_you_mean
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS_DIR = REPO_ROOT / "configs"
@@ -88,6 +89,9 @@ class ResolvedConfig:
     recipe_path: str | None
     args: dict[type, Any] = field(default_factory=dict)
     rehearsal: Any = None  # a dna_factory.rehearsal.Rehearsal under --rehearse
+    services: dict[str, Any] = field(
+        default_factory=dict
+    )  # what Stage.wait_for_services read from live servers
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.values.get(key, default)
@@ -319,7 +323,7 @@ def check_deepspeed_file(deepspeed: Any) -> None:
             f"configs/deepspeed/{path.name}" for path in (CONFIGS_DIR / "deepspeed").glob("*.json")
         )
         raise DnaConfigError(
-            f"deepspeed config '{deepspeed}' does not exist.{suggest(deepspeed, shipped)} Use a DeepSpeed JSON file, "
+            f"deepspeed config '{deepspeed}' does not exist.{did_you_mean(deepspeed, shipped)} Use a DeepSpeed JSON file, "
             f"e.g. one of configs/deepspeed/ ({', '.join(shipped)})."
         )
 

@@ -1,12 +1,12 @@
 """Config value types: each key's type from the dataclasses, lenient YAML-aware coercion, unknown-key errors.
 
-Used by :mod:`dna_factory.config` for every layer; :func:`suggest` is the one "did you mean" helper.
+Used by :mod:`dna_factory.config` for every layer. The one "did you mean" helper is
+:func:`rewards.options.did_you_mean` (in ``rewards/``, the ground floor both packages build on).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import json
 import types
@@ -14,6 +14,7 @@ import typing
 from typing import Any
 
 from dna_factory.errors import DnaConfigError
+from rewards.options import did_you_mean
 
 
 def field_types(dataclass_types: typing.Iterable[type]) -> dict[str, Any]:
@@ -180,18 +181,12 @@ def coerce_value(key: str, value: Any, tp: Any, source: str) -> Any:
         ) from None
 
 
-def suggest(key: str, valid: typing.Iterable[str]) -> str:
-    """A ' Did you mean ...?' hint with the nearest valid key, or an empty string."""
-    matches = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
-    return f" Did you mean '{matches[0]}'?" if matches else ""
-
-
 def check_known_keys(layer: dict[str, Any], valid: typing.Iterable[str], source: str) -> None:
     valid = set(valid)
     for key in layer:
         if key not in valid:
             raise DnaConfigError(
-                f"Unknown config key '{key}' in {source}.{suggest(key, valid)} "
+                f"Unknown config key '{key}' in {source}.{did_you_mean(key, valid)} "
                 f"Fix or remove it (python <stage>.py --help lists every key)."
             )
 

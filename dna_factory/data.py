@@ -22,19 +22,21 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dna_factory.data_files import (
     COMPRESSIONS,
     LOCAL_SUFFIXES,
+    DatasetSpec,
     data_suffix,
     first_bad_jsonl_line,
+    looks_local,
     nested_sources,
 )
 from dna_factory.errors import DnaConfigError
 from dna_factory.prompts import PromptRule, compile_template, render_prompt_template, template_columns
+from rewards.options import did_you_mean
 
 logger = logging.getLogger(__name__)
 
@@ -65,34 +67,6 @@ REQUIRED_COLUMNS = {
 }
 
 
-@dataclass(frozen=True)
-class DatasetSpec:
-    path: str
-    label: str
-    split: str = "train"
-    weight: float = 1.0
-    columns: tuple[tuple[str, str], ...] | None = None  # (source column, name in the mixture)
-    max_samples: int | None = None
-    name: str | None = None
-    data_files: Any = None
-    prompt_template: str | None = None  # Jinja2 over the row's columns (dna_factory.prompts)
-
-    @property
-    def is_local(self) -> bool:
-        return looks_local(self.path)
-
-
-def looks_local(path: str) -> bool:
-    """A hub id is ``org/name``; anything with a file suffix, an explicit prefix or that exists is local."""
-    p = Path(path).expanduser()
-    return (
-        p.exists()
-        or data_suffix(p) in LOCAL_SUFFIXES
-        or path.startswith(("/", "./", "../", "~"))
-        or path.count("/") > 1
-    )
-
-
 def parse_specs(raw: Any, key: str = "datasets") -> list[DatasetSpec]:
     """Check the recipe's dataset list and turn it into specs. Pure: touches only the file system."""
     if raw is None or raw == []:
@@ -108,11 +82,9 @@ def parse_specs(raw: Any, key: str = "datasets") -> list[DatasetSpec]:
             raise DnaConfigError(f"{where} needs a `path:` (a local file/folder or a hub id).")
         unknown = set(entry) - SPEC_KEYS
         if unknown:
-            from dna_factory.config_types import suggest
-
             bad = sorted(unknown)[0]
             raise DnaConfigError(
-                f"Unknown key '{bad}' in {where}.{suggest(bad, SPEC_KEYS)} Valid keys: {', '.join(sorted(SPEC_KEYS))}."
+                f"Unknown key '{bad}' in {where}.{did_you_mean(bad, SPEC_KEYS)} Valid keys: {', '.join(sorted(SPEC_KEYS))}."
             )
         weight = entry.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, int | float) or math.isnan(weight):

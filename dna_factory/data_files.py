@@ -7,17 +7,43 @@ folders; a malformed JSONL line is named by file and line. Hub datasets are unkn
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dna_factory.errors import DnaConfigError
-
-if TYPE_CHECKING:
-    from dna_factory.data import DatasetSpec
 
 LOCAL_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz"}
 """Compression suffixes of JSON/JSONL/CSV files that both the dry run (stdlib) and ``datasets`` read."""
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    path: str
+    label: str
+    split: str = "train"
+    weight: float = 1.0
+    columns: tuple[tuple[str, str], ...] | None = None  # (source column, name in the mixture)
+    max_samples: int | None = None
+    name: str | None = None
+    data_files: Any = None
+    prompt_template: str | None = None  # Jinja2 over the row's columns (dna_factory.prompts)
+
+    @property
+    def is_local(self) -> bool:
+        return looks_local(self.path)
+
+
+def looks_local(path: str) -> bool:
+    """A hub id is ``org/name``; anything with a file suffix, an explicit prefix or that exists is local."""
+    p = Path(path).expanduser()
+    return (
+        p.exists()
+        or data_suffix(p) in LOCAL_SUFFIXES
+        or path.startswith(("/", "./", "../", "~"))
+        or path.count("/") > 1
+    )
 
 
 def data_suffix(path: Path) -> str:

@@ -14,9 +14,9 @@ import os
 import socket
 from urllib.parse import urlparse
 
-from dna_factory.checkpoint_eval import checkpoint_eval_callbacks
 from dna_factory.config import ResolvedConfig, RunArguments
-from dna_factory.data import looks_local
+from dna_factory.data import load_mixture, parse_specs
+from dna_factory.data_files import looks_local
 from dna_factory.errors import CONFIG_ERRORS, DnaConfigError
 from dna_factory.prompts import PromptArguments, PromptRule, local_chat_template, resolve_prompt_format
 from dna_factory.stages import Stage, StageContext
@@ -152,8 +152,6 @@ def load_data(stage: Stage, cfg: ResolvedConfig):
     """
     from trl import ModelConfig
 
-    from dna_factory.data import load_mixture, parse_specs
-
     training_args = cfg.of(stage.config_class)
     model_args = cfg.of(ModelConfig)
     run_args = cfg.of(RunArguments)
@@ -185,6 +183,9 @@ def load_data(stage: Stage, cfg: ResolvedConfig):
 def load_context(stage: Stage, cfg: ResolvedConfig) -> StageContext:
     """Datasets (checked row by row), tokenizer and model settings: everything a trainer factory needs."""
     from trl import ModelConfig, get_peft_config, get_quantization_config
+
+    # Deferred like TRL: the callback module imports transformers, which importing the runner must not.
+    from dna_factory.eval.callback import checkpoint_eval_callbacks
 
     training_args = cfg.of(stage.config_class)
     model_args = cfg.of(ModelConfig)

@@ -40,7 +40,6 @@ import sys
 import time
 from pathlib import Path
 
-from dna_factory.config_types import suggest
 from dna_factory.errors import CONFIG_ERRORS, DnaConfigError
 from dna_factory.pipeline_recipe import (
     DONE,
@@ -51,6 +50,7 @@ from dna_factory.pipeline_recipe import (
     stage_argv,
 )
 from dna_factory.run_files import write_atomic
+from rewards.options import did_you_mean
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ def select(pipeline: Pipeline, from_stage: str | None, only_stage: str | None) -
     for wanted in (from_stage, only_stage):
         if wanted is not None and wanted not in names:
             raise DnaConfigError(
-                f"No stage named '{wanted}'.{suggest(wanted, names)} Stages: {', '.join(names)}."
+                f"No stage named '{wanted}'.{did_you_mean(wanted, names)} Stages: {', '.join(names)}."
             )
     if only_stage:
         return [s for s in pipeline.stages if s.name == only_stage]

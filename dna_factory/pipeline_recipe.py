@@ -17,10 +17,11 @@ import yaml
 
 from dna_factory import run_files
 from dna_factory.config import load_yaml
-from dna_factory.config_types import suggest
 from dna_factory.errors import DnaConfigError
+from dna_factory.stages import STAGE_MODULES
+from rewards.options import did_you_mean
 
-ENTRIES = ("sft", "dpo", "grpo", "distill")
+ENTRIES = tuple(STAGE_MODULES)
 RECIPE_KEYS = {"name", "description", "output_dir", "model_name_or_path", "overrides", "stages"}
 STAGE_KEYS = {
     "name",
@@ -70,7 +71,7 @@ def _check_keys(mapping: dict, valid: set[str], where: str) -> None:
     for key in mapping:
         if key not in valid:
             raise DnaConfigError(
-                f"Unknown key '{key}' in {where}.{suggest(key, valid)} Valid: {', '.join(sorted(valid))}."
+                f"Unknown key '{key}' in {where}.{did_you_mean(key, valid)} Valid: {', '.join(sorted(valid))}."
             )
 
 
@@ -97,7 +98,7 @@ def load_pipeline(path: str | Path) -> Pipeline:
                 raise DnaConfigError(f"{where} needs `{required}:`.")
         if entry["entry"] not in ENTRIES:
             raise DnaConfigError(
-                f"{where} has entry '{entry['entry']}'.{suggest(entry['entry'], ENTRIES)} Use one of: {', '.join(ENTRIES)}."
+                f"{where} has entry '{entry['entry']}'.{did_you_mean(entry['entry'], ENTRIES)} Use one of: {', '.join(ENTRIES)}."
             )
         if entry["name"] in names:
             raise DnaConfigError(
@@ -141,7 +142,7 @@ def check_references(stages: list[PipelineStage], where: str) -> None:
                 if ref not in earlier:
                     raise DnaConfigError(
                         f"{where} stage {stage.index} ({stage.name}) refers to ${{{ref}}}, which is not an earlier "
-                        f"stage.{suggest(ref, earlier)} Earlier stages: {', '.join(earlier) or '(none)'}."
+                        f"stage.{did_you_mean(ref, earlier)} Earlier stages: {', '.join(earlier) or '(none)'}."
                     )
 
 

@@ -1,7 +1,7 @@
 """Child processes that run in a process group of their own, and the cleanup that stops them with their owner.
 
 A vLLM server (:mod:`dna_factory.vllm_server`) and a checkpoint-eval harness run
-(:mod:`dna_factory.eval_harness`) each start with ``start_new_session=True``: the child leads a new session
+(:mod:`dna_factory.eval.harness`) each start with ``start_new_session=True``: the child leads a new session
 and process group, so one ``os.killpg`` reaches it and everything it spawned (vLLM's engine core, the
 harness's workers). Both stop the same way (:func:`kill_group`: SIGTERM, a grace period, SIGKILL) and both
 register here while they run, so that :func:`stop_all` — the ``atexit`` hook and the SIGTERM handler that

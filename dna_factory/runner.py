@@ -22,10 +22,10 @@ import traceback
 import warnings
 from pathlib import Path
 
-from dna_factory.checkpoint_eval import CheckpointEvalArguments
 from dna_factory.config import ResolvedConfig, RunArguments, resolve
 from dna_factory.config_types import dataclass_defaults, field_types
 from dna_factory.errors import CONFIG_ERRORS, Interrupted
+from dna_factory.eval.keys import CheckpointEvalArguments
 from dna_factory.loading import building_trainer, load_context, load_data
 from dna_factory.preview import preview, split_preview_flag
 from dna_factory.prompts import PromptArguments

@@ -22,7 +22,7 @@ class TouchPoint:
 
 TOUCH_POINTS = (
     TouchPoint(
-        "dna_factory/dynamic_sampling.py",
+        "dna_factory/grpo/dynamic_sampling.py",
         "GRPOTrainer._calculate_rewards, _generate_and_score_completions, _prepare_inputs (overridden, each "
         "calls super()), _compute_loss's inputs['num_items_in_batch'], trl.trainer.utils.RepeatSampler and "
         "nanstd, and the attributes _metrics, _tokenizer, reward_weights, num_generations, beta, "
@@ -30,41 +30,41 @@ TOUCH_POINTS = (
         "tests/test_dynamic_sampling.py::test_trl_canary",
     ),
     TouchPoint(
-        "dna_factory/distillation.py",
+        "dna_factory/distill/trainers.py",
         "DistillationTrainer._generate_and_score_completions (overridden; its output keys), _metrics, "
         "trl.trainer.utils.add_fused_lm_head (log_probs shifted by one)",
         "tests/test_distill.py::test_trl_canary",
     ),
     TouchPoint(
-        "dna_factory/teacher_server.py",
+        "dna_factory/distill/teacher_server.py",
         "VLLMClient.get_sequence_logprobs's actual_logprobs, the client's session set in __init__",
         "tests/test_distill.py::test_trl_canary",
     ),
     TouchPoint(
-        "dna_factory/async_trainer.py",
+        "dna_factory/async_grpo/trainer.py",
         "AsyncGRPOTrainer._inner_training_loop, _save_checkpoint, _log_step_metrics, get_train_dataloader "
         "(RolloutQueueDataset reads rollout_queue), the worker's _loop_kwargs and prompt numbering",
         "tests/test_async_grpo.py::test_trl_async_canary",
     ),
     TouchPoint(
-        "dna_factory/async_trainer.py",
+        "dna_factory/async_grpo/trainer.py",
         "the rollout worker's group numbering and the queue dataset's reads (exact resume)",
         "tests/test_async_grpo.py::test_trl_rollout_numbering_and_queue_reads_canary",
     ),
     TouchPoint(
-        "dna_factory/weight_sync.py",
+        "dna_factory/async_grpo/weight_sync.py",
         "_TrainBeginCallback's cold weight sync before the rollout worker starts, and pause() before resume() "
         "in _sync_weight_merged/_sync_weight_lora (a server left paused is resumed by the next run)",
         "tests/test_async_grpo.py::test_trl_cold_sync_comes_before_the_rollout_worker_canary",
     ),
     TouchPoint(
-        "dna_factory/rollout_watchdog.py",
+        "dna_factory/async_grpo/rollout_watchdog.py",
         "AsyncRolloutWorker._process, _failed_event, _exception_info_queue, _loop_kwargs['vllm_server_url'], "
         "check_health and stop (replaced on the instance)",
         "tests/test_async_grpo.py::test_trl_rollout_worker_watchdog_canary",
     ),
     TouchPoint(
-        "dna_factory/rollout_child.py",
+        "dna_factory/async_grpo/rollout_child.py",
         "trl.chat_template_utils.parse_response's plain-text fallback and the rollout loop class hook",
         "tests/test_rollout_child.py::test_trl_canary_parse_response_and_the_loop_class_hook",
     ),

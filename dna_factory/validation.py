@@ -10,12 +10,13 @@ import logging
 import os
 from pathlib import Path
 
-from dna_factory.checkpoint_eval import validate_checkpoint_eval
 from dna_factory.config import ResolvedConfig
 from dna_factory.data import SOURCE_LABEL, check_format_columns, looks_local, parse_specs
 from dna_factory.data_files import peek_columns
 from dna_factory.errors import DnaConfigError
+from dna_factory.eval.keys import validate_checkpoint_eval
 from dna_factory.prompts import validate_prompt_settings
+from rewards.options import did_you_mean, nearest
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +43,12 @@ def validate_model(cfg: ResolvedConfig) -> None:
 
 def _near_folder(path: Path) -> str | None:
     """The existing sibling folder whose name is close to ``path``'s (a typo), as the path to write; else None."""
-    import difflib
-
     parent = path.expanduser().parent
     if not parent.is_dir():
         return None
     names = sorted(child.name for child in parent.iterdir() if child.is_dir())
-    match = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
-    return (path.parent / match[0]).as_posix() if match else None
+    match = nearest(path.name, names)
+    return (path.parent / match).as_posix() if match else None
 
 
 def validate_datasets(cfg: ResolvedConfig, data_format: str) -> None:
@@ -71,12 +70,10 @@ def validate_only_labels(cfg: ResolvedConfig) -> None:
     for entry in cfg.get("reward_funcs") or []:
         wanted = entry.get("only_label") if isinstance(entry, dict) else None
         if wanted is not None and str(wanted) not in labels:
-            from dna_factory.config_types import suggest
-
             shown = repr(entry) if len(repr(entry)) <= 120 else repr(entry)[:117] + "..."
             raise DnaConfigError(
                 f"Reward {shown} has only_label {wanted!r}, but no dataset in the mixture has that label, so it "
-                f"would score no row.{suggest(str(wanted), labels)} Set only_label to one of the datasets' "
+                f"would score no row.{did_you_mean(str(wanted), labels)} Set only_label to one of the datasets' "
                 f"labels ({', '.join(labels)}) or fix the dataset's `label:`."
             )
 
@@ -153,10 +150,8 @@ def validate_report_to(cfg: ResolvedConfig) -> None:
     accepted = ("none", "all", "wandb", "tensorboard", "trackio", "mlflow")
     unknown = [t for t in targets if t not in accepted]
     if unknown:
-        from dna_factory.config_types import suggest
-
         raise DnaConfigError(
-            f"report_to has unsupported value {unknown[0]!r}.{suggest(unknown[0], accepted)} Use one of: "
+            f"report_to has unsupported value {unknown[0]!r}.{did_you_mean(unknown[0], accepted)} Use one of: "
             f"{', '.join(accepted)}."
         )
 

@@ -63,10 +63,10 @@ import os
 import re
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from rewards.interface import column, completion_text, label_mask
+from rewards.interface import Reward, column, completion_text
 from rewards.registry import RewardConfigError
 from rewards.sandbox import ExecutionResult, Limits, boundary_for, run_python_async
 
@@ -236,36 +236,22 @@ class _Outcome:
     has_code: bool = True
 
 
-class CodeExecutionReward:
+@dataclass(eq=False, kw_only=True)
+class CodeExecutionReward(Reward):
     """A picklable async code-execution reward; build it with :func:`make_code_execution_reward`."""
 
-    def __init__(
-        self,
-        tests_column: str,
-        setup_column: str | None,
-        entry_point_column: str | None,
-        code_block: str,
-        all_or_nothing: bool,
-        timeout_s: float,
-        limits: Limits,
-        concurrency: int,
-        isolation: str,
-        only_label: str | None,
-        name: str,
-    ):
-        self.tests_column = tests_column
-        self.setup_column = setup_column
-        self.entry_point_column = entry_point_column
-        self.code_block = code_block
-        self.all_or_nothing = all_or_nothing
-        self.timeout_s = timeout_s
-        self.limits = limits
-        self.concurrency = concurrency
-        self.isolation = isolation
-        self.only_label = only_label
-        self.__name__ = name
-        self._warned: set[str] = set()
-        self._semaphores: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    tests_column: str
+    setup_column: str | None
+    entry_point_column: str | None
+    code_block: str
+    all_or_nothing: bool
+    timeout_s: float
+    limits: Limits
+    concurrency: int
+    isolation: str
+    _semaphores: weakref.WeakKeyDictionary = field(
+        default_factory=weakref.WeakKeyDictionary, init=False, repr=False
+    )
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -283,11 +269,6 @@ class CodeExecutionReward:
             self._semaphores[loop] = asyncio.Semaphore(self.concurrency)
         return self._semaphores[loop]
 
-    def __repr__(self) -> str:
-        return (
-            f"CodeExecutionReward(name={self.__name__!r}, tests_column={self.tests_column!r}, "
-            f"code_block={self.code_block!r}, all_or_nothing={self.all_or_nothing}, timeout_s={self.timeout_s})"
-        )
 
     def required_columns(self) -> set[str]:
         """Dataset columns this reward reads (for the recipe dry-run); ``entry_point`` is optional."""
@@ -298,15 +279,9 @@ class CodeExecutionReward:
     ) -> list[float | None]:
         """Score a batch: passed / total tests per completion (see the module docstring)."""
         n = len(completions)
-        applies = label_mask(self.only_label, kwargs, n, self.__name__, self._warned)
-        cells = column(kwargs, self.tests_column, n)
+        applies = self.applies(kwargs, n)
+        cells = self.column_or_abstain(kwargs, self.tests_column, n, holds="tests", option="tests_column")
         if cells is None:
-            self._warn_once(
-                "no_tests",
-                "Reward %s reads tests from column %r, which this batch does not have, so it scores no "
-                "sample. Set tests_column to the column holding the tests.",
-                self.tests_column,
-            )
             return [None] * n
         setups = column(kwargs, self.setup_column, n) if self.setup_column else None
         entry_points = column(kwargs, self.entry_point_column, n) if self.entry_point_column else None
@@ -361,11 +336,6 @@ class CodeExecutionReward:
             return _Outcome(None, runs)
         fraction = passed / len(suite)
         return _Outcome(float(fraction == 1.0) if self.all_or_nothing else fraction, runs)
-
-    def _warn_once(self, key: str, message: str, *args: Any) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            logger.warning(message, self.__name__, *args)
 
     def _report(self, outcomes: list[_Outcome], latency: float, kwargs: dict[str, Any]) -> None:
         """Log sandbox failures and send the run statistics to the trainer."""
@@ -474,15 +444,15 @@ def make_code_execution_reward(
     except ValueError as exc:
         raise RewardConfigError(f"Code reward limits are invalid: {exc}") from exc
     return CodeExecutionReward(
-        tests_column,
-        setup_column,
-        entry_point_column,
-        code_block,
-        all_or_nothing,
-        timeout_s,
-        limits,
-        concurrency,
-        isolation,
-        only_label,
-        name or "code_execution",
+        tests_column=tests_column,
+        setup_column=setup_column,
+        entry_point_column=entry_point_column,
+        code_block=code_block,
+        all_or_nothing=all_or_nothing,
+        timeout_s=timeout_s,
+        limits=limits,
+        concurrency=concurrency,
+        isolation=isolation,
+        only_label=only_label,
+        name=name or "code_execution",
     )

@@ -46,7 +46,7 @@ from typing import Any
 
 import aiohttp
 
-from rewards.interface import column, completion_text, label_mask, prompt_text
+from rewards.interface import Reward, column, completion_text, prompt_text
 from rewards.json_http import RequestFailed, request_json, waits
 
 logger = logging.getLogger(__name__)
@@ -207,22 +207,14 @@ class _Verdict:
     unparseable_reply: str | None = None
 
 
-class JudgeReward:
+@dataclass(eq=False, kw_only=True)
+class JudgeReward(Reward):
     """A picklable async LLM-judge reward; build it with :func:`make_judge_reward`."""
 
-    def __init__(self, rubric_text: str, only_label: str | None, reference_column: str | None, name: str):
-        self.rubric_text = rubric_text
-        self.only_label = only_label
-        self.reference_column = reference_column
-        self.__name__ = name
-        self._warned: set[str] = set()
-        self._models: dict[str, str] = {}  # base URL -> model the server listed first
+    rubric_text: str = field(repr=False)
+    reference_column: str | None = None
+    _models: dict[str, str] = field(default_factory=dict, init=False, repr=False)  # base URL -> first model
 
-    def __repr__(self) -> str:
-        return (
-            f"JudgeReward(name={self.__name__!r}, only_label={self.only_label!r}, "
-            f"reference_column={self.reference_column!r}, reference_guided={self.reference_guided})"
-        )
 
     @property
     def reference_guided(self) -> bool:
@@ -238,7 +230,7 @@ class JudgeReward:
     ) -> list[float | None]:
         """Score a batch: one of 1.0, 0.0 or None per completion, in order."""
         n = len(completions)
-        applies = label_mask(self.only_label, kwargs, n, self.__name__, self._warned)
+        applies = self.applies(kwargs, n)
         references = self._references(kwargs, n) if self.reference_guided else [None] * n
         jobs: dict[int, str] = {}
         for i, (prompt, completion, reference) in enumerate(
@@ -269,16 +261,13 @@ class JudgeReward:
         primary = column(kwargs, name, n)
         fallback = column(kwargs, DEFAULT_REFERENCE_COLUMN, n) if name != DEFAULT_REFERENCE_COLUMN else None
         if primary is None and fallback is None:
-            if "no_reference" not in self._warned:
-                self._warned.add("no_reference")
-                logger.warning(
-                    "Judge %s uses a reference-guided rubric but the batch has neither a %r nor a %r "
-                    "column, so it scores no sample. Set reference_column to the column holding the "
-                    "reference answer.",
-                    self.__name__,
-                    name,
-                    DEFAULT_REFERENCE_COLUMN,
-                )
+            self.warn_once(
+                "no_reference",
+                "Judge %s uses a reference-guided rubric but the batch has neither a %r nor a %r column, so "
+                "it scores no sample. Set reference_column to the column holding the reference answer.",
+                name,
+                DEFAULT_REFERENCE_COLUMN,
+            )
             return [None] * n
         references: list[str | None] = []
         for i in range(n):
@@ -460,4 +449,6 @@ def make_judge_reward(
     """
     text = load_rubric(rubric)
     default_name = f"judge_{only_label}" if only_label else "judge_reward"
-    return JudgeReward(text, only_label, reference_column, name or default_name)
+    return JudgeReward(
+        rubric_text=text, only_label=only_label, reference_column=reference_column, name=name or default_name
+    )

@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from rewards.ifeval import follows
-from rewards.interface import column, completion_text, label_mask
+from rewards.interface import Reward, column, completion_text
 
 logger = logging.getLogger(__name__)
 
@@ -97,31 +98,15 @@ def _answer(text: str) -> str:
     return "" if "<think>" in text else text
 
 
-class InstructionFollowingReward:
+@dataclass(eq=False, kw_only=True)
+class InstructionFollowingReward(Reward):
     """A picklable instruction-following reward; build it with :func:`make_instruction_following_reward`."""
 
-    def __init__(
-        self,
-        instructions_column: str,
-        kwargs_column: str | None,
-        all_or_nothing: bool,
-        loose: bool,
-        only_label: str | None,
-        name: str,
-    ):
-        self.instructions_column = instructions_column
-        self.kwargs_column = kwargs_column
-        self.all_or_nothing = all_or_nothing
-        self.loose = loose
-        self.only_label = only_label
-        self.__name__ = name
-        self._warned: set[str] = set()
+    instructions_column: str
+    kwargs_column: str | None
+    all_or_nothing: bool
+    loose: bool
 
-    def __repr__(self) -> str:
-        return (
-            f"InstructionFollowingReward(name={self.__name__!r}, instructions_column={self.instructions_column!r}, "
-            f"kwargs_column={self.kwargs_column!r}, all_or_nothing={self.all_or_nothing}, loose={self.loose})"
-        )
 
     def required_columns(self) -> set[str]:
         """Dataset columns this reward reads (for the recipe dry-run)."""
@@ -132,17 +117,11 @@ class InstructionFollowingReward:
     ) -> list[float | None]:
         """Score a batch: the share of each row's instructions followed (see the module docstring)."""
         n = len(completions)
-        applies = label_mask(self.only_label, kwargs, n, self.__name__, self._warned)
-        cells = column(kwargs, self.instructions_column, n)
+        applies = self.applies(kwargs, n)
+        cells = self.column_or_abstain(
+            kwargs, self.instructions_column, n, holds="instruction ids", option="instructions_column"
+        )
         if cells is None:
-            if "no_instructions" not in self._warned:
-                self._warned.add("no_instructions")
-                logger.warning(
-                    "Reward %s reads instructions from column %r, which this batch does not have, so it "
-                    "scores no sample. Set instructions_column to the column holding the instruction ids.",
-                    self.__name__,
-                    self.instructions_column,
-                )
             return [None] * n
         kwargs_cells = column(kwargs, self.kwargs_column, n) if self.kwargs_column else None
         scores: list[float | None] = []
@@ -198,5 +177,10 @@ def make_instruction_following_reward(
         [1.0]
     """
     return InstructionFollowingReward(
-        instructions_column, kwargs_column, all_or_nothing, loose, only_label, name or "instruction_following"
+        instructions_column=instructions_column,
+        kwargs_column=kwargs_column,
+        all_or_nothing=all_or_nothing,
+        loose=loose,
+        only_label=only_label,
+        name=name or "instruction_following",
     )

@@ -18,13 +18,14 @@ not apply to this sample": TRL turns it into NaN and leaves it out through nansu
 is never counted as 0.0.
 
 This module holds the small helpers that turn those inputs into text and decide which rows a
-reward applies to.
+reward applies to, and :class:`Reward`, the base every reward class here is built on.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -168,3 +169,50 @@ def column(kwargs: dict[str, Any], name: str, n: int) -> list[Any] | None:
     if name not in kwargs or kwargs[name] is None:
         return None
     return _as_list(kwargs[name], n)
+
+
+@dataclass(eq=False, kw_only=True)
+class Reward:
+    """What every reward class of this package shares; each is a keyword-only dataclass built on it.
+
+    TRL names a reward by its ``__name__`` (set from ``name``). ``only_label`` restricts it to the
+    rows of one dataset (:func:`label_mask`). A column the batch lacks makes it abstain, None for
+    every sample, after one warning per reward (:meth:`column_or_abstain`). Rewards compare by
+    identity (``eq=False``) and pickle by their fields, as TRL's rollout worker needs.
+    """
+
+    name: str
+    only_label: str | None = None
+    _warned: set[str] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.__name__ = self.name
+
+    def applies(self, kwargs: dict[str, Any], n: int) -> list[bool]:
+        """Which of the ``n`` rows this reward scores (its ``only_label``)."""
+        return label_mask(self.only_label, kwargs, n, self.__name__, self._warned)
+
+    def column_or_abstain(self, kwargs: dict[str, Any], name: str, n: int, *, holds: str, option: str):
+        """Column ``name`` as a list, or None (the caller returns ``[None] * n``) after one warning.
+
+        Args:
+            holds: What the column holds, for the warning ("gold answers", "tests").
+            option: The reward option that names the column, which the warning tells the user to set.
+        """
+        values = column(kwargs, name, n)
+        if values is None:
+            self.warn_once(
+                f"no_column_{name}",
+                "Reward %s reads %s from column %r, which this batch does not have, so it scores no sample. "
+                "Set %s to the column holding them.",
+                holds,
+                name,
+                option,
+            )
+        return values
+
+    def warn_once(self, key: str, message: str, *args: Any) -> None:
+        """Log ``message % (name, *args)`` once per reward and ``key``."""
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message, self.__name__, *args)

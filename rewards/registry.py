@@ -36,7 +36,6 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import logging
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from rewards.errors import RewardConfigError
+from rewards.options import check_options, did_you_mean
 
 logger = logging.getLogger(__name__)
 
@@ -105,12 +105,6 @@ _TRAINER_ARGS = frozenset(
     {"prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra", "environments"}
 )
 _ENTRY_KEYS_FUNCTION = ("function", "weight")
-
-
-def _nearest(word: str, choices: Iterable[str]) -> str:
-    """' Did you mean X?' for the closest choice, or ''."""
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" Did you mean {match[0]!r}?" if match else ""
 
 
 def _describe_entry(entry: Any) -> str:
@@ -183,7 +177,7 @@ def _import_target(path: str, entry: Any) -> Any:
             public = [name for name in dir(obj) if not name.startswith("_")]
             raise RewardConfigError(
                 f"Reward {_describe_entry(entry)}: {module_name!r} has no attribute {attr_path!r}."
-                f"{_nearest(part, public)} Check the name after the colon."
+                f"{did_you_mean(part, public)} Check the name after the colon."
             )
         obj = getattr(obj, part)
     return obj
@@ -200,7 +194,7 @@ def _named_function(name: str, entry: Any) -> RewardFunc:
     else:
         known = [*TRL_REWARDS, *FACTORIES]
         raise RewardConfigError(
-            f"Unknown reward {name!r}.{_nearest(name, known)} Use a TRL reward ({', '.join(TRL_REWARDS)}), "
+            f"Unknown reward {name!r}.{did_you_mean(name, known)} Use a TRL reward ({', '.join(TRL_REWARDS)}), "
             f"a factory ({', '.join(FACTORIES)}), a 'module:function' path, or a mapping with 'factory:'."
         )
     if not callable(func):
@@ -230,33 +224,6 @@ def _looks_like_factory(func: Any) -> bool:
     return not any(p.kind == p.VAR_KEYWORD or p.name == "completions" for p in parameters)
 
 
-_SIMPLE_TYPES: dict[str, tuple[type, ...]] = {
-    "str": (str,),
-    "int": (int,),
-    "float": (int, float),
-    "bool": (bool,),
-}
-
-
-def _check_option_type(factory: str, option: str, value: Any, annotation: Any, entry: Any) -> None:
-    """Reject obviously wrong YAML types for options annotated str/int/float/bool (optionally None)."""
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-    parts = [part.strip() for part in text.split("|")]
-    optional = "None" in parts
-    kinds = [part for part in parts if part != "None"]
-    if len(kinds) != 1 or kinds[0] not in _SIMPLE_TYPES:
-        return
-    if value is None and optional:
-        return
-    allowed = _SIMPLE_TYPES[kinds[0]]
-    if isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed):
-        return
-    raise RewardConfigError(
-        f"Reward {_describe_entry(entry)}: option {option!r} of factory {factory!r} is {value!r} "
-        f"({type(value).__name__}), but it must be a {text}. Fix the value in the recipe."
-    )
-
-
 def _build(options: Mapping[str, Any], entry: Any) -> RewardFunc:
     """Call the factory named by ``options['factory']`` with the other options."""
     options = dict(options)
@@ -265,7 +232,7 @@ def _build(options: Mapping[str, Any], entry: Any) -> RewardFunc:
     if not by_path and (not isinstance(factory_name, str) or factory_name not in FACTORIES):
         raise RewardConfigError(
             f"Unknown reward factory {factory_name!r} in {_describe_entry(entry)}."
-            f"{_nearest(str(factory_name), FACTORIES)} Use one of: {', '.join(FACTORIES)}, or a "
+            f"{did_you_mean(str(factory_name), FACTORIES)} Use one of: {', '.join(FACTORIES)}, or a "
             "'module:make_reward' path."
         )
     builder = _import_target(factory_name if by_path else FACTORIES[factory_name].target, entry)
@@ -274,26 +241,14 @@ def _build(options: Mapping[str, Any], entry: Any) -> RewardFunc:
             f"Reward factory {factory_name!r} in {_describe_entry(entry)} is a {type(builder).__name__}, which is "
             "not callable. Point it at a function that builds the reward."
         )
-    parameters = {
-        name: p
-        for name, p in inspect.signature(builder).parameters.items()
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    }
-    for option, value in options.items():
-        if option not in parameters:
-            valid = [*parameters, "weight"]
-            raise RewardConfigError(
-                f"Unknown option {option!r} for reward factory {factory_name!r}.{_nearest(option, valid)} "
-                f"Its options are: {', '.join(valid)}."
-            )
-        if parameters[option].annotation is not inspect.Parameter.empty:
-            _check_option_type(factory_name, option, value, parameters[option].annotation, entry)
-    missing = [name for name, p in parameters.items() if p.default is p.empty and name not in options]
-    if missing:
-        raise RewardConfigError(
-            f"Reward factory {factory_name!r} needs the option(s) {', '.join(missing)}, which "
-            f"{_describe_entry(entry)} does not give. Add them to the entry."
-        )
+    check_options(
+        builder,
+        options,
+        f"reward factory {factory_name!r}",
+        extra=("weight",),
+        where=f"the entry {_describe_entry(entry)}",
+        error=RewardConfigError,
+    )
     try:
         return builder(**options)
     except (ValueError, TypeError, OSError) as exc:
@@ -361,7 +316,7 @@ def resolve_reward(entry: str | Mapping[str, Any]) -> tuple[RewardFunc, float]:
         keys = ", ".join(map(repr, options)) or "none"
         raise RewardConfigError(
             f"Reward mapping {_describe_entry(entry)} has no 'factory' or 'function' key (keys: {keys})."
-            f"{_nearest(next(iter(options), ''), ['factory', 'function'])} Add factory: one of "
+            f"{did_you_mean(next(iter(options), ''), ['factory', 'function'])} Add factory: one of "
             f"{', '.join(FACTORIES)}."
         )
     return _build(options, entry), weight
@@ -464,6 +419,6 @@ def check_reward_columns(entries: Iterable[str | Mapping[str, Any]], columns: It
         for name in sorted(required_columns(entry) - available):
             raise RewardConfigError(
                 f"Reward {_describe_entry(entry)} reads column {name!r}, which no dataset in the mixture has."
-                f"{_nearest(name, available)} Set the reward's column option to one of: "
+                f"{did_you_mean(name, available)} Set the reward's column option to one of: "
                 f"{', '.join(sorted(available)) or '(none)'}."
             )

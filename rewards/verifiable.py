@@ -36,11 +36,12 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import Any
 
-from rewards.interface import column, completion_text, label_mask
+from rewards.interface import Reward, completion_text
 
 logger = logging.getLogger(__name__)
 
@@ -219,54 +220,36 @@ def _gold_string(value: Any) -> str | None:
     return text if text.strip() else None
 
 
-class StringMatchReward:
+@dataclass(eq=False, kw_only=True)
+class StringMatchReward(Reward):
     r"""A picklable string-match reward; build it with :func:`make_string_match_reward`.
 
     Calling it follows TRL's reward signature and returns one of 1.0, 0.0 or None per
     completion. See the module docstring for the rules.
     """
 
-    def __init__(
-        self,
-        extractor: str,
-        answer_column: str,
-        only_label: str | None,
-        name: str,
-        gold_extractor: str | None = None,
-    ):
-        self.extractor = extractor
-        self.gold_extractor = gold_extractor or extractor
-        self.answer_column = answer_column
-        self.only_label = only_label
-        self.__name__ = name
-        self._warned: set[str] = set()
+    extractor: str
+    answer_column: str
+    gold_extractor: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.gold_extractor = self.gold_extractor or self.extractor
 
     def required_columns(self) -> set[str]:
         """Dataset columns this reward reads (for the recipe dry-run)."""
         return {self.answer_column}
 
-    def __repr__(self) -> str:
-        return (
-            f"StringMatchReward(name={self.__name__!r}, extractor={self.extractor!r}, "
-            f"gold_extractor={self.gold_extractor!r}, answer_column={self.answer_column!r}, "
-            f"only_label={self.only_label!r})"
-        )
 
     def __call__(
         self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **kwargs: Any
     ) -> list[float | None]:
         n = len(completions)
-        applies = label_mask(self.only_label, kwargs, n, self.__name__, self._warned)
-        golds = column(kwargs, self.answer_column, n)
+        applies = self.applies(kwargs, n)
+        golds = self.column_or_abstain(
+            kwargs, self.answer_column, n, holds="gold answers", option="answer_column"
+        )
         if golds is None:
-            if "no_gold" not in self._warned:
-                self._warned.add("no_gold")
-                logger.warning(
-                    "Reward %s reads gold answers from column %r, which this batch does not have, so "
-                    "it scores no sample. Set answer_column to a column of the dataset.",
-                    self.__name__,
-                    self.answer_column,
-                )
             return [None] * n
         extract = EXTRACTORS[self.extractor]
         scores: list[float | None] = []
@@ -322,7 +305,11 @@ def make_string_match_reward(
                 f"Unknown string-match {key} {value!r}. Use one of: {', '.join(sorted(EXTRACTORS))}."
             )
     return StringMatchReward(
-        extractor, answer_column, only_label, name or f"string_match_{extractor}", gold_extractor
+        extractor=extractor,
+        answer_column=answer_column,
+        only_label=only_label,
+        name=name or f"string_match_{extractor}",
+        gold_extractor=gold_extractor,
     )
 
 
@@ -333,7 +320,8 @@ def _as_number(text: str) -> Decimal | None:
         return None
 
 
-class LastNumberReward:
+@dataclass(eq=False, kw_only=True)
+class LastNumberReward(Reward):
     """A picklable playground reward; build it with :func:`make_playground_reward`.
 
     Deliberately narrow (S-RW-7): 1.0 when the last number in the completion equals the expected
@@ -342,32 +330,20 @@ class LastNumberReward:
     number.
     """
 
-    def __init__(self, answer_column: str, name: str):
-        self.answer_column = answer_column
-        self.__name__ = name
-        self._warned: set[str] = set()
+    answer_column: str
 
     def required_columns(self) -> set[str]:
         """Dataset columns this reward reads (for the recipe dry-run)."""
         return {self.answer_column}
 
-    def __repr__(self) -> str:
-        return f"LastNumberReward(name={self.__name__!r}, answer_column={self.answer_column!r})"
-
     def __call__(
         self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **kwargs: Any
     ) -> list[float | None]:
         n = len(completions)
-        golds = column(kwargs, self.answer_column, n)
+        golds = self.column_or_abstain(
+            kwargs, self.answer_column, n, holds="expected numbers", option="answer_column"
+        )
         if golds is None:
-            if "no_gold" not in self._warned:
-                self._warned.add("no_gold")
-                logger.warning(
-                    "Reward %s reads the expected number from column %r, which this batch does not "
-                    "have, so it scores no sample. Set answer_column to a column of the dataset.",
-                    self.__name__,
-                    self.answer_column,
-                )
             return [None] * n
         scores: list[float | None] = []
         for completion, gold in zip(completions, golds, strict=True):
@@ -398,7 +374,7 @@ def make_playground_reward(answer_column: str = "solution", name: str | None = N
         >>> reward(prompts=["q", "q"], completions=["so 12.0", "maybe 13"], answer=["12", "12"])
         [1.0, 0.0]
     """
-    return LastNumberReward(answer_column, name or "last_number_reward")
+    return LastNumberReward(answer_column=answer_column, name=name or "last_number_reward")
 
 
 last_number_reward = make_playground_reward()

@@ -215,11 +215,11 @@ def test_guarded_tools_raise_readable_tool_errors():
         ),
         (
             ["--environment_options", "{top_k: three}"],
-            "environment_options.top_k of environment 'search' is 'three'",
+            r"Option 'top_k' of environment 'search' \(environment_options\) is 'three'",
         ),
         (
             ["--environment_options", "{topk: 3}"],
-            "Unknown environment_options key 'topk'.*Did you mean 'top_k'",
+            r"Unknown option 'topk' for environment 'search' \(environment_options\)\. Did you mean 'top_k'",
         ),
         (
             ["--environment", "tests.agent_fixtures:ScriptedPolicy"],

@@ -20,8 +20,8 @@ import pytest
 import torch
 import trl
 
-from dna_factory.async_grpo import drop_overlong_prompts
-from dna_factory.async_trainer import TRL_VERSION
+from dna_factory.async_grpo.preflight import drop_overlong_prompts
+from dna_factory.async_grpo.trainer import TRL_VERSION
 from dna_factory.errors import DnaConfigError
 from dna_factory.runner import prepare
 from tests.conftest import REPO, cli_env, run_cli, server_paused
@@ -32,7 +32,7 @@ DOWN = "http://127.0.0.1:9"  # nothing listens on the discard port
 
 
 def test_trl_async_canary():
-    """The TRL 1.16.0 private API async_trainer.py relies on; a failure means TRL changed shape."""
+    """The TRL 1.16.0 private API dna_factory/async_grpo/trainer.py relies on; a failure means TRL changed shape."""
     from trl.experimental.async_grpo import AsyncGRPOTrainer
     from trl.experimental.async_grpo import async_grpo_trainer as module
     from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
@@ -58,7 +58,7 @@ def test_trl_async_canary():
 
 
 def test_trl_rollout_worker_watchdog_canary():
-    """The TRL 1.16.0 private API dna_factory/rollout_watchdog.py relies on, and the two defects it works around
+    """The TRL 1.16.0 private API dna_factory/async_grpo/rollout_watchdog.py relies on, and the two defects it works around
     (docs/async-grpo.md): stop() sets the Event a (possibly dead) child waits on; check_health never looks at the
     child's liveness. When TRL fixes them, this fails: the watchdog's work-arounds can then go."""
     from trl.experimental.async_grpo import AsyncGRPOConfig
@@ -121,7 +121,7 @@ print(int(first[0]), len(collated))
 def test_accelerate_dispatcher_collates_one_micro_batch_ahead():
     """Canary (accelerate 1.15): with dispatch_batches=True the next micro-batch is collated before the current one
     is handed out, and the prepared loader exposes the collator. This is why groups count as trained only in
-    training_step (dna_factory/async_trainer.py); if the look-ahead goes, the bookkeeping must be revisited."""
+    training_step (dna_factory/async_grpo/trainer.py); if the look-ahead goes, the bookkeeping must be revisited."""
     proc = subprocess.run([sys.executable, "-c", LOOK_AHEAD], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["0", "2"], proc.stdout
@@ -134,7 +134,7 @@ def test_trl_rollout_numbering_and_queue_reads_canary():
     (so group g is stream position start + g); the start is ``dataset_start_index % len(dataset)``; the queue
     dataset reads the queue through ``get(timeout=...)`` only (plus ``qsize`` for a metric); the collator adds each
     micro-batch's group ids with one ``groups_trained.update``; every completion request goes through ``_post``
-    and TRL itself never reads ``finish_reason`` (dna_factory/rollout_child.py resubmits aborted ones).
+    and TRL itself never reads ``finish_reason`` (dna_factory/async_grpo/rollout_child.py resubmits aborted ones).
     """
     from datasets import Dataset
     from trl.experimental.async_grpo import async_grpo_trainer as module
@@ -182,7 +182,7 @@ def test_our_drop_test_agrees_with_trls_queue_dataset_and_token_budget_batcher()
     from trl.experimental.async_grpo.async_grpo_trainer import RolloutQueueDataset, TokenBudgetBatcher
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-    from dna_factory.async_trainer import dropped_before_training
+    from dna_factory.async_grpo.trainer import dropped_before_training
 
     version, max_staleness, budget = 5, 1, 12
 
@@ -418,7 +418,7 @@ def test_tree_sdpa_matches_unpacked_dense_forward(tiny_model):
     from transformers import AutoModelForCausalLM
     from trl.experimental.async_grpo.packing import TreeRow
 
-    from dna_factory.tree_attention import use_tree_sdpa
+    from dna_factory.async_grpo.tree_attention import use_tree_sdpa
 
     gen = torch.Generator().manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model, attn_implementation="sdpa").eval()
@@ -636,7 +636,7 @@ def test_file_weight_sync_during_generation_aborts_no_request(vllm_server, tiny_
 
     from transformers import AutoModelForCausalLM
 
-    from dna_factory.weight_sync import FileWeightTransfer
+    from dna_factory.async_grpo.weight_sync import FileWeightTransfer
 
     base, length, n = vllm_server.base_url.removesuffix("/v1"), 480, 24
     model = AutoModelForCausalLM.from_pretrained(tiny_model)
@@ -675,7 +675,7 @@ def test_a_weight_sync_that_fails_after_the_pause_leaves_the_server_resumed(
     """A trainer that stops between TRL's pause() and resume() must not leave the server paused: every later
     request to it would wait for ever (CI at stop 19 hung 40 min on a server a test's trainer left paused).
     TRL 1.16 calls resume() only after send_weights() returned, and destroy() from its training loop's finally."""
-    from dna_factory.weight_sync import FileWeightTransfer
+    from dna_factory.async_grpo.weight_sync import FileWeightTransfer
 
     base = vllm_server.base_url.removesuffix("/v1")
     transfer = FileWeightTransfer(base, tmp_path / "weights", config_dir=tiny_model)
@@ -704,7 +704,7 @@ def test_a_weight_sync_that_fails_after_the_pause_leaves_the_server_resumed(
 def test_trl_cold_sync_comes_before_the_rollout_worker_canary():
     """A run killed between a weight sync's /pause and /resume leaves its server paused; the next async run is not
     stuck on it because TRL 1.16 makes a cold weight sync (pause, send, resume) at train begin, before the rollout
-    worker starts (dna_factory/weight_sync.py relies on it)."""
+    worker starts (dna_factory/async_grpo/weight_sync.py relies on it)."""
     from trl.experimental.async_grpo import async_grpo_trainer as module
 
     source = inspect.getsource(module._TrainBeginCallback.on_train_begin)
@@ -723,7 +723,7 @@ def test_rollout_child_resubmits_a_completion_the_server_aborted(vllm_server):
 
     import aiohttp
 
-    from dna_factory.rollout_child import RolloutLoop
+    from dna_factory.async_grpo.rollout_child import RolloutLoop
 
     base, length, n = vllm_server.base_url.removesuffix("/v1"), 480, 16
     body = {"model": "tiny", "prompt": "Count with me: one, two,", "max_tokens": length, "ignore_eos": True,

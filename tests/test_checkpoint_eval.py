@@ -22,16 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from dna_factory import checkpoint_eval
-from dna_factory.checkpoint_eval import (
-    CheckpointEvalArguments,
-    gpus_needed,
-    stage_checkpoint,
-    staged_files,
-    without_parallel_flags,
-)
 from dna_factory.errors import DnaConfigError
-from dna_factory.eval_harness import LOCAL_TASKS, TASKS_FILE, resolve_task, resolve_tasks
+from dna_factory.eval import keys as checkpoint_eval
+from dna_factory.eval.harness import LOCAL_TASKS, TASKS_FILE, resolve_task, resolve_tasks
+from dna_factory.eval.keys import CheckpointEvalArguments, gpus_needed, without_parallel_flags
+from dna_factory.eval.staging import stage_checkpoint, staged_files
 from dna_factory.runner import prepare
 from tests.conftest import REPO, cli_env, run_cli
 
@@ -103,7 +98,7 @@ def test_missing_harness_or_vllm_is_an_error(missing, monkeypatch, tiny_model):
 
 def test_overlap_with_trainer_devices_warns_loudly(monkeypatch, caplog, tiny_model):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")
-    with caplog.at_level(logging.WARNING, logger="dna_factory.checkpoint_eval"):
+    with caplog.at_level(logging.WARNING, logger="dna_factory.eval.keys"):
         prepare("sft", [*SFT, "--eval_on_checkpoint", "true", "--eval_devices", "2,3"])
     assert "overlaps the trainer's CUDA_VISIBLE_DEVICES=1,2 on GPU 2" in caplog.text
     assert "!!!!!!!!" in caplog.text
@@ -140,7 +135,7 @@ def test_local_task_names_match_eval_tasks_file():
 
 
 def test_kmmlu_pro_rows_become_lettered_choices():
-    from dna_factory.eval_tasks import kmmlu_pro_sample
+    from dna_factory.eval.tasks import kmmlu_pro_sample
 
     sample = kmmlu_pro_sample({"question": "Q?", "options": ["a", "b", "c", "d"], "solution": "3"})
     assert sample.target == "C" and sample.choices == ["a", "b", "c", "d"]
@@ -191,7 +186,7 @@ def test_link_failure_falls_back_to_copy_with_a_warning(tmp_path, caplog):
     try:
         checkpoint = _fake_checkpoint(source / "checkpoint-2")
         staged = tmp_path / "_eval_staging" / "checkpoint-2"
-        with caplog.at_level(logging.WARNING, logger="dna_factory.checkpoint_eval"):
+        with caplog.at_level(logging.WARNING, logger="dna_factory.eval.staging"):
             assert stage_checkpoint(checkpoint, staged) == "copy"
         assert "Cannot hard-link" in caplog.text and "copying the checkpoint instead" in caplog.text
         assert {p.name for p in staged.iterdir()} == SERVED
@@ -214,7 +209,7 @@ def test_a_checkpoint_without_weights_is_refused(tmp_path):
 
 
 def _callback(tmp_path: Path):
-    from dna_factory.checkpoint_eval_callback import CheckpointEvalCallback
+    from dna_factory.eval.callback import CheckpointEvalCallback
 
     args = CheckpointEvalArguments(eval_on_checkpoint=True, eval_tasks=["arith"], eval_devices="0")
     return CheckpointEvalCallback(
@@ -401,7 +396,7 @@ def test_eval_rows_reach_the_server_as_the_training_chat():
     turn, and a chat prompt keeps every turn — a system turn included — for the server's chat template."""
     from inspect_ai.model import ChatMessageSystem, ChatMessageUser
 
-    from dna_factory.eval_tasks import prompt_solution_sample
+    from dna_factory.eval.tasks import prompt_solution_sample
 
     plain = prompt_solution_sample({"prompt": "What is 2+3?", "solution": 5}, 0)
     assert plain.input == "What is 2+3?" and plain.target == "5"

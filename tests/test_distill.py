@@ -25,7 +25,8 @@ import pytest
 import torch
 import trl
 
-from dna_factory.distillation import (
+from dna_factory.distill.teacher_server import TeacherScoringError, TeacherServer
+from dna_factory.distill.trainers import (
     SampledTokenOPDTrainer,
     importance_sampling_loss,
     sampled_token_advantages,
@@ -33,7 +34,6 @@ from dna_factory.distillation import (
 from dna_factory.errors import DnaConfigError
 from dna_factory.loading import load_context
 from dna_factory.runner import prepare
-from dna_factory.teacher_server import TeacherScoringError, TeacherServer
 from dna_factory.trl_pin import TRL_VERSION
 from tests.conftest import REPO, run_cli
 from tests.teacher_fixtures import FaultyTeacher
@@ -103,12 +103,14 @@ def _load_trained_student(out: Path):
 
 
 def test_trl_canary():
-    """The private TRL 1.16.0 API distillation.py / teacher_server.py rely on. If this fails, re-check them."""
+    """The private TRL 1.16.0 API dna_factory/distill/trainers.py / teacher_server.py rely on. If this fails, re-check them."""
     from trl.generation.vllm_client import VLLMClient
     from trl.trainer.distillation_trainer import _chunked_divergence_loss
     from trl.trainer.utils import FusedCausalLMOutput, add_fused_lm_head
 
-    assert trl.__version__ == TRL_VERSION, f"distillation.py was written against TRL {TRL_VERSION}"
+    assert trl.__version__ == TRL_VERSION, (
+        f"dna_factory/distill/trainers.py was written against TRL {TRL_VERSION}"
+    )
     D = trl.DistillationTrainer
     assert list(inspect.signature(D._generate_and_score_completions).parameters) == ["self", "inputs"]
     source = inspect.getsource(D._generate_and_score_completions)
@@ -359,7 +361,7 @@ def test_mismatched_tokenizer_names_the_first_differing_probe(mismatched_teacher
     """The probes are what a server teacher is checked with (its /tokenize); the first differing one is named."""
     from transformers import AutoTokenizer
 
-    from dna_factory.tokenizer_alignment import check_tokenizers
+    from dna_factory.distill.tokenizer_alignment import check_tokenizers
 
     teacher = AutoTokenizer.from_pretrained(mismatched_teacher)
     with pytest.raises(DnaConfigError, match="tokenizers disagree on the English probe"):
@@ -369,7 +371,7 @@ def test_mismatched_tokenizer_names_the_first_differing_probe(mismatched_teacher
 def test_tokenizer_probes_cover_languages_code_and_template_specials(tiny_model):
     from transformers import AutoTokenizer
 
-    from dna_factory.tokenizer_alignment import probe_texts
+    from dna_factory.distill.tokenizer_alignment import probe_texts
 
     names = [name for name, _ in probe_texts(AutoTokenizer.from_pretrained(tiny_model))]
     assert names[:4] == ["English", "Russian", "Chinese", "code"]

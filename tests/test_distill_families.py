@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from dna_factory.distillation import completion_logprobs
+from dna_factory.distill.trainers import completion_logprobs
 
 VOCAB = 96
 BASE = {

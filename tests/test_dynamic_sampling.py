@@ -11,8 +11,8 @@ import pytest
 import torch
 import trl
 
-from dna_factory.dynamic_sampling import DynamicSamplingGRPOTrainer
 from dna_factory.errors import DnaConfigError
+from dna_factory.grpo.dynamic_sampling import DynamicSamplingGRPOTrainer
 from dna_factory.loading import load_context
 from dna_factory.runner import prepare
 from dna_factory.trl_pin import TRL_VERSION
@@ -175,7 +175,7 @@ def test_off_is_bit_reproducible(live_dead, tmp_path, tiny_model):
 
 
 def test_mask_warns_about_beta_and_entropy_and_continues(live_dead, tmp_path, tiny_model, caplog):
-    with caplog.at_level(logging.WARNING, logger="dna_factory.dynamic_sampling"):
+    with caplog.at_level(logging.WARNING, logger="dna_factory.grpo.dynamic_sampling"):
         trainer = _trainer(
             _argv(
                 live_dead, tmp_path, "--dynamic_sampling", "mask", "--beta", "0.04", "--entropy_coef", "0.01"
@@ -197,7 +197,7 @@ def test_mask_warns_about_router_aux_loss(live_dead, tmp_path, tiny_model, caplo
     moe = tmp_path / "moe"
     Qwen3MoeForCausalLM(config).save_pretrained(moe)
     tok.save_pretrained(moe)
-    with caplog.at_level(logging.WARNING, logger="dna_factory.dynamic_sampling"):
+    with caplog.at_level(logging.WARNING, logger="dna_factory.grpo.dynamic_sampling"):
         _trainer(_argv(live_dead, tmp_path, "--dynamic_sampling", "mask", "--model_name_or_path", str(moe)))
     assert "router auxiliary loss" in caplog.text
 

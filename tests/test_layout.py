@@ -31,3 +31,173 @@ def test_rewards_imports_nothing_from_dna_factory():
     }
     offenders = {path: modules for path, modules in offenders.items() if modules}
     assert not offenders, f"rewards/ must not import dna_factory/: {offenders}"
+
+
+# --- The import graph (#16 item 1) -------------------------------------------------------------------------------
+
+PACKAGES = ("dna_factory", "rewards")
+USERS = ("dna_factory", "rewards", "scripts", "bench")
+"""Where a module's importers are looked for (tests are not a module's users)."""
+
+
+def _module_of(path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _our_modules() -> dict[str, object]:
+    return {_module_of(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def _resolve(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _edges(path, module: str, modules) -> set[str]:
+    """Every module of ours that importing ``module`` may execute: each import statement anywhere in the
+    file (module level, inside functions, under TYPE_CHECKING), with the parent packages Python runs first
+    (except the module's own ancestors: those are already running when it is imported)."""
+    named = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            named |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            source = _resolve(node, module, path.name == "__init__.py")
+            named.add(source)
+            named |= {f"{source}.{alias.name}" for alias in node.names}
+    found = set()
+    for name in named:
+        parts = name.split(".")
+        found |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    ancestors = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
+    return {m for m in found if m in modules and m != module and m not in ancestors}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = _our_modules()
+    return {module: _edges(path, module, modules) for module, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_even_through_imports_inside_functions():
+    """An import inside a function may defer a heavy library; it must never be what keeps a cycle alive."""
+    cycles = _cycles(_import_graph())
+    assert not cycles, f"import cycles (counting imports inside functions): {cycles}"
+
+
+def test_no_module_in_the_package_root_belongs_to_a_wing():
+    """A root module of dna_factory/ that only one wing (a sub-package) imports lives in that wing."""
+    graph = _import_graph()
+    for folder in USERS[2:]:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            graph[_module_of(path)] = _edges(path, _module_of(path), _our_modules())
+    for path in sorted(REPO.glob("*.py")):
+        graph[path.stem] = _edges(path, path.stem, _our_modules())
+    root = {
+        m
+        for m in graph
+        if m.count(".") == 1
+        and m.startswith("dna_factory.")
+        and (REPO / (m.replace(".", "/") + ".py")).is_file()
+    }
+    misplaced = {}
+    for module in sorted(root):
+        importers = {user for user, targets in graph.items() if module in targets}
+        homes = {
+            user.split(".")[1] if user.startswith("dna_factory.") and user.count(".") >= 2 else user
+            for user in importers
+        }
+        wings = {home for home in homes if (REPO / "dna_factory" / home).is_dir()}
+        if len(homes) == 1 and wings:
+            misplaced[module] = wings.pop()
+    assert not misplaced, f"root modules only one wing uses (move them into it): {misplaced}"
+
+
+WINGS = {
+    "grpo": ("stage", "keys", "dynamic_sampling"),
+    "async_grpo": ("stage", "trainer", "tree_attention", "weight_sync"),
+    "distill": ("stage", "trainers", "teacher_server", "tokenizer_alignment"),
+    "eval": ("keys", "staging", "callback", "harness", "tasks"),
+    "stages": ("base", "sft", "dpo"),
+}
+
+
+def test_each_feature_is_one_wing():
+    missing = [
+        f"dna_factory/{wing}/{name}.py"
+        for wing, names in WINGS.items()
+        for name in names
+        if not (REPO / "dna_factory" / wing / f"{name}.py").is_file()
+    ]
+    assert not missing, f"missing wing modules: {missing}"
+    from dna_factory.async_grpo import validate_async_args, validate_completion_length_against_server
+
+    assert callable(validate_async_args) and callable(validate_completion_length_against_server)
+
+
+def test_the_eval_keys_load_without_torch():
+    """``--dry_run`` and ``--help`` read the checkpoint-eval keys; they must not pull torch in."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, dna_factory.eval.keys; "
+        "print(sorted(m for m in ('torch', 'transformers', 'trl', 'vllm') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_pipeline_entries_come_from_the_stage_registry():
+    """Adding a stage is its module, its registry line and its defaults file; the pipeline follows."""
+    from dna_factory.pipeline_recipe import ENTRIES
+    from dna_factory.stages import STAGE_MODULES, get_stage
+
+    assert ENTRIES is not None and tuple(ENTRIES) == tuple(STAGE_MODULES)
+    for name in STAGE_MODULES:
+        stage = get_stage(name)
+        assert stage.name == name
+        assert (REPO / "configs" / f"_defaults-{stage.defaults}.yaml").is_file()
+        assert (REPO / f"{name}.py").is_file(), f"the entry script {name}.py"

@@ -14,7 +14,7 @@ from tests.conftest import REPO, cli_env
 OWNER = """
 import sys
 from pathlib import Path
-from dna_factory.eval_harness import HarnessRun
+from dna_factory.eval.harness import HarnessRun
 from dna_factory.vllm_server import install_cleanup_hooks
 install_cleanup_hooks()
 run = HarnessRun([sys.executable, "-c", "import time; time.sleep(120)"], Path(sys.argv[1])).start()

@@ -98,7 +98,7 @@ def test_reward_module_in_the_working_directory(tmp_path, tiny_model):
             "Unknown option 'limt' for reward factory 'my_rewards:make_length_reward'. Did you mean 'limit'?",
         ),
         ({"name": "short"}, "needs the option(s) limit"),
-        ({"limit": "forty"}, "option 'limit' of factory 'my_rewards:make_length_reward' is 'forty'"),
+        ({"limit": "forty"}, "Option 'limit' of reward factory 'my_rewards:make_length_reward' is 'forty'"),
     ],
 )
 def test_factory_by_path_checks_its_options(tmp_path, tiny_model, options, fragment):

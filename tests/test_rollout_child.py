@@ -39,7 +39,7 @@ def _child_parse(loop_cls_pickle: bytes, model: str, queue) -> None:
 def test_the_spawned_rollout_child_parses_an_empty_turn_as_empty_text(tiny_model):
     from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
-    import dna_factory.async_trainer  # noqa: F401  (what grpo.py imports for async GRPO)
+    import dna_factory.async_grpo.trainer  # noqa: F401  (what grpo.py imports for async GRPO)
 
     ctx = mp.get_context("spawn")  # as TRL's AsyncRolloutWorker.start
     queue = ctx.Queue()
@@ -54,13 +54,13 @@ def test_the_spawned_rollout_child_parses_an_empty_turn_as_empty_text(tiny_model
 def test_trl_canary_parse_response_and_the_loop_class_hook():
     """What the fallback relies on, in TRL 1.16: the child builds ``_loop_cls`` from the worker's class
     attribute, the loop looks ``parse_response`` up as a module global, and TRL itself still raises on
-    an empty turn (when it stops raising, dna_factory/rollout_child.py can go)."""
+    an empty turn (when it stops raising, dna_factory/async_grpo/rollout_child.py can go)."""
     from transformers import AutoTokenizer
     from trl.chat_template_utils import add_response_schema
     from trl.chat_template_utils import parse_response as trl_parse_response
     from trl.experimental.async_grpo import async_rollout_worker as worker
 
-    import dna_factory.rollout_child as ours
+    import dna_factory.async_grpo.rollout_child as ours
 
     assert worker.AsyncRolloutWorker._loop_cls is ours.RolloutLoop
     assert "parse_response" in worker._AsyncRolloutLoop._generate_one.__code__.co_names
@@ -74,6 +74,6 @@ def test_trl_canary_parse_response_and_the_loop_class_hook():
         raised = False
     except AttributeError:
         raised = True
-    assert raised, "TRL now handles an empty turn: drop dna_factory/rollout_child.py"
+    assert raised, "TRL now handles an empty turn: drop dna_factory/async_grpo/rollout_child.py"
     full = tok.encode("The answer is 4.<|im_end|>")
     assert ours.parse_response(tok, full, prefix=prefix) == trl_parse_response(tok, full, prefix=prefix)

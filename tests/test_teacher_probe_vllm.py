@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from dna_factory.distill.teacher_server import TeacherServer
 from dna_factory.errors import DnaConfigError
-from dna_factory.teacher_server import TeacherServer
 from dna_factory.vllm_server import VLLMServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.own_vllm]

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from dna_factory.distill.stage import NEUTRAL_SAMPLING
+from dna_factory.distill.teacher_server import PINNED_SAMPLING, TeacherServer
 from dna_factory.errors import DnaConfigError, DnaServiceError
-from dna_factory.stages.distill import NEUTRAL_SAMPLING
-from dna_factory.teacher_server import PINNED_SAMPLING, TeacherServer
 from tests.teacher_fixtures import FaultyTeacher
 
 

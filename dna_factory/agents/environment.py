@@ -34,7 +34,6 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 from collections.abc import Callable, Iterable, Mapping
@@ -42,6 +41,7 @@ from typing import Any
 
 from dna_factory.agents.tool_calls import guard_tool
 from dna_factory.errors import DnaConfigError
+from rewards.options import check_options, did_you_mean
 
 ENVIRONMENTS: dict[str, tuple[str, str]] = {
     "general": ("dna_factory.agents.general:GeneralEnvironment", "calculator, unit conversion, fact lookup"),
@@ -94,11 +94,6 @@ class Environment:
         return [guard_tool(getattr(self, name)) for name in (names or self.tool_names())]
 
 
-def _nearest(word: str, choices: Iterable[str]) -> str:
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" Did you mean {match[0]!r}?" if match else ""
-
-
 def environment_class(name: str) -> type[Environment]:
     """The environment class for a name in :data:`ENVIRONMENTS` or a ``package.module:Class`` path.
 
@@ -116,7 +111,7 @@ def environment_class(name: str) -> type[Environment]:
         target = name
     else:
         raise DnaConfigError(
-            f"Unknown environment {name!r}.{_nearest(name, ENVIRONMENTS)} Use one of "
+            f"Unknown environment {name!r}.{did_you_mean(name, ENVIRONMENTS)} Use one of "
             f"{', '.join(ENVIRONMENTS)}, or a 'package.module:Class' path to your own Environment subclass."
         )
     module_name, _, attr = target.partition(":")
@@ -131,7 +126,7 @@ def environment_class(name: str) -> type[Environment]:
     if not (inspect.isclass(cls) and issubclass(cls, Environment)):
         public = [n for n in dir(module) if not n.startswith("_")]
         raise DnaConfigError(
-            f"Environment {name!r}: {module_name!r} has no Environment subclass {attr!r}.{_nearest(attr, public)} "
+            f"Environment {name!r}: {module_name!r} has no Environment subclass {attr!r}.{did_you_mean(attr, public)} "
             "Point it at a class derived from dna_factory.agents.environment.Environment."
         )
     if not cls.tool_names():
@@ -139,25 +134,6 @@ def environment_class(name: str) -> type[Environment]:
             f"Environment {name!r} ({cls.__name__}) has no tools. Mark its tool methods with @tool."
         )
     return cls
-
-
-_SIMPLE_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
-
-
-def _check_option(env: str, option: str, value: Any, annotation: Any) -> None:
-    """Reject a value whose YAML type clearly differs from a str/int/float/bool annotation."""
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-    parts = [part.strip() for part in text.split("|")]
-    kinds = [part for part in parts if part != "None"]
-    if len(kinds) != 1 or kinds[0] not in _SIMPLE_TYPES or (value is None and "None" in parts):
-        return
-    allowed = _SIMPLE_TYPES[kinds[0]]
-    if isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed):
-        return
-    raise DnaConfigError(
-        f"environment_options.{option} of environment {env!r} is {value!r} ({type(value).__name__}), "
-        f"but it must be a {text}. Fix the value in the recipe."
-    )
 
 
 def check_environment(
@@ -185,29 +161,12 @@ def check_environment(
     """
     cls = environment_class(name)
     options = dict(options or {})
-    parameters = {
-        key: p
-        for key, p in inspect.signature(cls.__init__).parameters.items()
-        if key != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    }
-    for option, value in options.items():
-        if option not in parameters:
-            raise DnaConfigError(
-                f"Unknown environment_options key {option!r} for environment {name!r}.{_nearest(option, parameters)} "
-                f"Its options are: {', '.join(parameters) or '(none)'}."
-            )
-        if parameters[option].annotation is not inspect.Parameter.empty:
-            _check_option(name, option, value, parameters[option].annotation)
-    missing = [key for key, p in parameters.items() if p.default is p.empty and key not in options]
-    if missing:
-        raise DnaConfigError(
-            f"Environment {name!r} needs environment_options {', '.join(missing)}. Add them to the recipe."
-        )
+    check_options(cls, options, f"environment {name!r} (environment_options)", error=DnaConfigError)
     available = cls.tool_names()
     for tool_name in tools or ():
         if tool_name not in available:
             raise DnaConfigError(
-                f"Unknown tool {tool_name!r} for environment {name!r}.{_nearest(tool_name, available)} "
+                f"Unknown tool {tool_name!r} for environment {name!r}.{did_you_mean(tool_name, available)} "
                 f"Its tools are: {', '.join(available)}."
             )
     if tools is not None and not list(tools):

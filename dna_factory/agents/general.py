@@ -32,6 +32,7 @@ from typing import Any
 
 from dna_factory.agents.environment import Environment, tool
 from dna_factory.errors import DnaConfigError
+from rewards.options import nearest
 
 DEFAULT_FACTS = "data/agents/facts.json"
 MAX_EXPRESSION_CHARS = 500
@@ -212,13 +213,14 @@ def _unit(name: str) -> str:
         return ALIASES[lowered]
     known = sorted(UNITS) + list(TEMPERATURES)
     raise ValueError(
-        f"unknown unit {name!r}{_closest(lowered, known + list(ALIASES))}; known units: {', '.join(known)}"
+        f"unknown unit {name!r}{_unit_hint(lowered, known + list(ALIASES))}; known units: {', '.join(known)}"
     )
 
 
-def _closest(word: str, choices: list[str]) -> str:
-    match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f" (did you mean {match[0]!r}?)" if match else ""
+def _unit_hint(word: str, choices: list[str]) -> str:
+    """The tool's own wording (it answers the model, not the user): `` (did you mean 'km'?)``."""
+    match = nearest(word, choices)
+    return f" (did you mean {match!r}?)" if match else ""
 
 
 def _to_kelvin(value: float, unit: str) -> float:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dna_factory.errors import DnaConfigError
+from rewards.options import did_you_mean
 
 BACKENDS = ("server", "vllm", "hf")
 
@@ -166,10 +167,8 @@ def validate(cfg: FilterTasksConfig) -> tuple[list, list, list]:
         _fail(f"keep is empty, so kept.jsonl would be empty. List classes to keep: {', '.join(CLASSES)}.")
     for name in cfg.keep:
         if name.replace("-", "_") not in CLASSES:
-            from dna_factory.config_types import suggest
-
             _fail(
-                f"keep lists {name!r}, which is not a class.{suggest(name, CLASSES)} Use: {', '.join(CLASSES)}."
+                f"keep lists {name!r}, which is not a class.{did_you_mean(name, CLASSES)} Use: {', '.join(CLASSES)}."
             )
     if not cfg.output_dir:
         _fail(

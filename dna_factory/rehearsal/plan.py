@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dna_factory.config import CLI
-from dna_factory.data import looks_local
+from dna_factory.data_files import looks_local
 from dna_factory.errors import DnaConfigError
 from dna_factory.rehearsal import hub_data
 from dna_factory.rehearsal.models import _hub_reachable, rehearsal_model

@@ -1,7 +1,10 @@
 """Stage registry: each stage is one module that declares a :class:`~dna_factory.stages.base.Stage`.
 
-Adding a stage means adding a module here and a ``configs/_defaults-<Stage>.yaml``; the
-runner (``dna_factory.runner``) is shared by all of them.
+A one-file stage lives here (``sft.py``, ``dpo.py``); a stage with helpers of its own is a wing
+(``dna_factory/grpo/``, ``dna_factory/distill/``) whose ``stage.py`` declares it. Adding a stage
+means its module, a line in :data:`STAGE_MODULES`, a ``configs/_defaults-<Stage>.yaml`` and the
+three-line ``<name>.py`` entry script; the runner (``dna_factory.runner``) and the pipeline's
+``entry:`` names (``dna_factory.pipeline_recipe.ENTRIES``) follow this table.
 """
 
 from __future__ import annotations
@@ -13,13 +16,13 @@ from dna_factory.stages.base import Stage, StageContext
 STAGE_MODULES = {
     "sft": "dna_factory.stages.sft",
     "dpo": "dna_factory.stages.dpo",
-    "grpo": "dna_factory.stages.grpo",
-    "distill": "dna_factory.stages.distill",
+    "grpo": "dna_factory.grpo.stage",
+    "distill": "dna_factory.distill.stage",
 }
 
 
 def get_stage(name: str) -> Stage:
-    """The Stage object declared by ``dna_factory.stages.<name>``."""
+    """The Stage object declared by the module :data:`STAGE_MODULES` names for ``name``."""
     if name not in STAGE_MODULES:
         raise KeyError(f"Unknown stage {name!r}; known: {', '.join(STAGE_MODULES)}")
     return importlib.import_module(STAGE_MODULES[name]).STAGE

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from trl.rewards import accuracy_reward, think_format_reward
 
-from rewards import generative, interface, registry, verifiable
+from rewards import generative, interface, options, registry, verifiable
 from rewards.registry import (
     FACTORIES,
     RewardConfigError,
@@ -90,7 +90,7 @@ ERROR_CASES = [
         r"Unknown option 'extractr'.*Did you mean 'extractor'\?",
     ),
     ({"factory": "string_match", "extractor": "boxxed"}, r"cannot be built: Unknown string-match extractor"),
-    ({"factory": "string_match", "answer_column": 3}, r"option 'answer_column'.*must be a str"),
+    ({"factory": "string_match", "answer_column": 3}, r"Option 'answer_column'.*must be a str"),
     ({"factory": "judge", "rubric": "nope/missing.md"}, r"does not exist"),
     (
         {"factory": "get_soft_overlong_punishment"},
@@ -138,7 +138,7 @@ def test_built_rewards_pickle():
         assert registry.reward_name(pickle.loads(pickle.dumps(func))) == registry.reward_name(func)
 
 
-@pytest.mark.parametrize("module", [interface, verifiable, generative, registry])
+@pytest.mark.parametrize("module", [interface, verifiable, generative, registry, options])
 def test_docstring_examples_run(module, monkeypatch):
     for var in ("JUDGE_BASE_URL", "JUDGE_MODEL", "JUDGE_API_KEY"):
         monkeypatch.delenv(var, raising=False)

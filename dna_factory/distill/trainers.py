@@ -18,7 +18,7 @@ gives back and which loss is trained (all quantities in nats, per completion tok
     The logged ``loss`` is the mean of that divergence over completion tokens.
 
 ``server_teacher`` — :class:`SampledTokenOPDTrainer` (S-OPD-3, seed 001)
-    The teacher sits behind a vLLM server (:mod:`dna_factory.teacher_server`) and returns
+    The teacher sits behind a vLLM server (:mod:`dna_factory.distill.teacher_server`) and returns
     only ``log π_T(y_t | x, y_<t)`` of the token the student sampled. Per token::
 
         d_t = log π_old(y_t | x, y_<t) − log π_T(y_t | x, y_<t)     one-sample estimate of KL(π_θ ‖ π_T)
@@ -41,7 +41,7 @@ adds ``opd/reverse_kl_mean`` and ``opd/reverse_kl_std`` (mean and standard devia
 ``d_t`` over the step's tokens) and ``time/teacher_s`` (wall time of teacher scoring).
 
 TRL touch points — private API of TRL 1.16.0, all in this module and
-:mod:`dna_factory.teacher_server`, guarded by ``tests/test_distill.py::test_trl_canary``:
+:mod:`dna_factory.distill.teacher_server`, guarded by ``tests/test_distill.py::test_trl_canary``:
 ``DistillationTrainer._generate_and_score_completions`` (overridden, calls ``super()``; its
 output keys ``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``,
 ``num_items_in_batch``), ``._metrics``, ``trl.trainer.utils.add_fused_lm_head`` (its
@@ -198,7 +198,7 @@ class SampledTokenOPDTrainer(_CompletionThroughputMixin, DistillationTrainer):
     """Sampled-token on-policy distillation against a teacher server (S-OPD-3); see the module docstring.
 
     Args:
-        teacher: a :class:`~dna_factory.teacher_server.TeacherServer`, already checked for alignment.
+        teacher: a :class:`~dna_factory.distill.teacher_server.TeacherServer`, already checked for alignment.
         kl_coef: β of ``A_t = −β·d_t``.
         *args, **kwargs: as for :class:`~trl.DistillationTrainer`, without ``teacher_model``.
     """

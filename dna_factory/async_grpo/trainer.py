@@ -8,7 +8,7 @@ collator's ``groups_trained.update`` per micro-batch), the attributes ``_trained
 ``model_version``, ``rollout_worker._loop_kwargs`` and ``rollout_worker.start``, the worker's group
 numbering (0, 1, 2, ... from ``dataset_start_index``, wrapping round the dataset), accelerate's
 one-micro-batch look-ahead, and the module-level ``get_peak_flops_per_device`` (made CUDA-optional).
-The worker's ``check_health``/``stop`` are wrapped by ``dna_factory.rollout_watchdog`` (its own canary).
+The worker's ``check_health``/``stop`` are wrapped by ``dna_factory.async_grpo.rollout_watchdog`` (its own canary).
 
 Exact resume (S-ASYNC-6, fixed). TRL numbers prompt groups 0, 1, 2, ... from where its rollout
 worker starts; a worker started at ``dataset_start_index = m`` gives group ``g`` the row
@@ -40,7 +40,9 @@ from pathlib import Path
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 from trl.experimental.async_grpo import async_grpo_trainer as _trl_async
 
-import dna_factory.rollout_child  # noqa: F401  (TRL's rollout child, with its two guards)
+import dna_factory.async_grpo.rollout_child  # noqa: F401  (TRL's rollout child, with its two guards)
+from dna_factory.async_grpo.rollout_watchdog import RolloutWatchdog
+from dna_factory.async_grpo.tree_attention import use_tree_sdpa
 from dna_factory.errors import DnaConfigError
 from dna_factory.trl_pin import TRL_VERSION
 
@@ -161,8 +163,6 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
     def __init__(self, *args, tree_attention: str = "fa3", prompt_stream: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         if tree_attention == "sdpa":
-            from dna_factory.tree_attention import use_tree_sdpa
-
             use_tree_sdpa(self.model)
         self._start = 0  # stream position of worker group 0 (TRL's dataset_start_index)
         self._collated = _CollatedGroups()
@@ -181,8 +181,6 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
 
             self.rollout_worker.start = start_with_resume_plan
         if self.rollout_worker is not None and hasattr(self.rollout_worker, "_process"):
-            from dna_factory.rollout_watchdog import RolloutWatchdog
-
             # a dead child, a dead server or a stuck stop() becomes one error line (docs/async-grpo.md)
             self.watchdog = RolloutWatchdog(self.rollout_worker, grace_s=self.args.heartbeat_stale_after_s)
 

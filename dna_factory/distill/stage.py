@@ -1,7 +1,7 @@
 """On-policy distillation (S-OPD) on TRL's DistillationTrainer: ``python distill.py --config RECIPE``.
 
 ``distill_mode`` picks where the teacher lives and what it returns (see
-:mod:`dna_factory.distillation` for the maths, docs/distillation.md for when to use which):
+:mod:`dna_factory.distill.trainers` for the maths, docs/distillation.md for when to use which):
 
 * ``local_teacher``: ``teacher_model_name_or_path`` is loaded beside the student; the loss is
   TRL's full-vocabulary generalized JSD, ``beta`` 1.0 reverse KL (default), 0.0 forward KL,
@@ -29,9 +29,16 @@ from typing import Literal
 from trl import DistillationConfig
 
 from dna_factory.config import ResolvedConfig
-from dna_factory.data import looks_local
+from dna_factory.data_files import looks_local
+from dna_factory.distill.teacher_server import TeacherServer
+from dna_factory.distill.tokenizer_alignment import (
+    check_tokenizers,
+    compare_vocabularies,
+    load_local_tokenizer,
+)
+from dna_factory.distill.trainers import LocalTeacherDistillationTrainer, SampledTokenOPDTrainer
 from dna_factory.errors import DnaConfigError
-from dna_factory.services import probe_services, wait_for_services
+from dna_factory.services import probe_services, server_root, wait_for_services
 from dna_factory.stages.base import Stage, StageContext
 
 logger = logging.getLogger(__name__)
@@ -130,8 +137,6 @@ def validate_mode(cfg: ResolvedConfig) -> None:
                 "(e.g. http://127.0.0.1:8000). Start one with python -m vllm.entrypoints.openai.api_server "
                 "--model TEACHER --port 8000, or use distill_mode: local_teacher."
             )
-        from dna_factory.services import server_root
-
         server_root(url, "teacher_server_url")
         beta = cfg.get("beta", 1.0)
         if beta != 1.0:
@@ -317,8 +322,6 @@ def validate_tokenizers(cfg: ResolvedConfig) -> None:
 
 def _check_local_tokenizers(student: str, teacher: str, cfg: ResolvedConfig, student_tokenizer=None) -> None:
     """Full vocabularies (ids of every token), then the probe encodings (normalisation, pre-tokenisation)."""
-    from dna_factory.tokenizer_alignment import check_tokenizers, compare_vocabularies, load_local_tokenizer
-
     trust = bool(cfg.get("trust_remote_code", False))
     if student_tokenizer is None:
         student_tokenizer = load_local_tokenizer(student, cfg.get("model_revision"), trust)
@@ -362,8 +365,6 @@ def validate_vocab_sizes(cfg: ResolvedConfig) -> None:
 
 def build_trainer(ctx: StageContext):
     """The trainer of ``distill_mode``; alignment is checked here, before the student model loads."""
-    from dna_factory.distillation import LocalTeacherDistillationTrainer, SampledTokenOPDTrainer
-
     stage_args = ctx.config.of(DistillStageArguments)
     args = ctx.training_args
     common = ctx.trainer_kwargs()
@@ -382,8 +383,6 @@ def build_trainer(ctx: StageContext):
                 if k in ("dtype", "attn_implementation")
             }
         return LocalTeacherDistillationTrainer(teacher_model=teacher_path, **common)
-
-    from dna_factory.teacher_server import TeacherServer
 
     teacher = TeacherServer(
         stage_args.teacher_server_url,

@@ -2,8 +2,8 @@
 
 One checkpoint eval runs one harness process::
 
-    python -m dna_factory.eval_harness --model run-checkpoint-20 --base-url http://127.0.0.1:PORT/v1 \
-        --log-root outputs/run/eval_logs/step-20 --task arith=dna_factory/eval_tasks.py@arith ...
+    python -m dna_factory.eval.harness --model run-checkpoint-20 --base-url http://127.0.0.1:PORT/v1 \
+        --log-root outputs/run/eval_logs/step-20 --task arith=dna_factory/eval/tasks.py@arith ...
 
 It calls ``inspect_ai.eval`` once per task, with that task's logs in ``<log-root>/<task>/``,
 and writes every task's headline score to ``<log-root>/harness_results.json``. The harness
@@ -14,7 +14,7 @@ leaves no harness behind.
 
 Task names (``eval_tasks``) resolve as follows:
 
-* a name in :data:`LOCAL_TASKS` is a task defined in ``dna_factory/eval_tasks.py``;
+* a name in :data:`LOCAL_TASKS` is a task defined in ``dna_factory/eval/tasks.py``;
 * a name with ``/``, ``@`` or ``.py`` is passed to Inspect verbatim (``inspect_evals/ifeval``,
   ``my_tasks.py@qa``);
 * any other name is a task of the ``inspect_evals`` registry (``mmlu_pro`` is
@@ -43,8 +43,8 @@ from dna_factory.process_group import group_alive, kill_group, register, unregis
 logger = logging.getLogger(__name__)
 
 LOCAL_TASKS = ("arith", "largest", "kmmlu_pro")
-"""The ``@task`` functions of ``dna_factory/eval_tasks.py`` (a test keeps the two in sync)."""
-TASKS_FILE = Path(__file__).with_name("eval_tasks.py")
+"""The ``@task`` functions of ``dna_factory/eval/tasks.py`` (a test keeps the two in sync)."""
+TASKS_FILE = Path(__file__).with_name("tasks.py")
 SERVICE = "dna"
 """Inspect's ``openai-api/<service>/<model>`` provider; the key is read from ``DNA_API_KEY``."""
 RESULTS_NAME = "harness_results.json"
@@ -113,7 +113,7 @@ def harness_command(
 ) -> list[str]:
     """The command line of one harness process (the owner's interpreter, this module)."""
     command = [
-        sys.executable, "-m", "dna_factory.eval_harness",
+        sys.executable, "-m", "dna_factory.eval.harness",
         "--model", model,
         "--base-url", base_url,
         "--log-root", str(log_root),

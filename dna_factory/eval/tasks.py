@@ -1,11 +1,11 @@
 """Eval tasks defined in this repository, as Inspect AI tasks (see docs/checkpoint-eval.md).
 
-The checkpoint-eval harness (:mod:`dna_factory.eval_harness`) loads this file by path
-(``dna_factory/eval_tasks.py@arith``), so a task here is addressed by its bare name in
+The checkpoint-eval harness (:mod:`dna_factory.eval.harness`) loads this file by path
+(``dna_factory/eval/tasks.py@arith``), so a task here is addressed by its bare name in
 ``eval_tasks``. Registry tasks (``mmlu_pro``, ``gpqa_diamond``, ...) come from the
 ``inspect_evals`` package instead.
 
-Every ``@task`` here must be listed in ``dna_factory.eval_harness.LOCAL_TASKS`` (a test
+Every ``@task`` here must be listed in ``dna_factory.eval.harness.LOCAL_TASKS`` (a test
 checks it), so that task names resolve without importing Inspect in the trainer.
 
 * ``arith``: the held-out tiny arithmetic questions (``data/tiny/arith_eval.jsonl``, never

@@ -20,7 +20,7 @@ Start-up checks (:meth:`TeacherServer.check_alignment`):
   at position 2 and None at position 0 ("logprob of the current token"). A server that
   reports the next token's logprob at each position would shift every d_t by one token;
 * tokenizer compatibility, with the teacher's ``/tokenize`` endpoint as the teacher's
-  encoder (:mod:`dna_factory.tokenizer_alignment`).
+  encoder (:mod:`dna_factory.distill.tokenizer_alignment`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 import requests
 
+from dna_factory.distill.tokenizer_alignment import check_tokenizers
 from dna_factory.errors import DnaConfigError, DnaServiceError
 from dna_factory.services import RETRY_STATUSES, bound_session, server_root, wait_for_health
 
@@ -377,8 +378,6 @@ class TeacherServer:
 
     def check_alignment(self, student_tokenizer) -> None:
         """Position convention and tokenizer compatibility, before the student model is loaded."""
-        from dna_factory.tokenizer_alignment import check_tokenizers
-
         check_tokenizers(student_tokenizer, self.encode, f"server {self.url}")
         probe = student_tokenizer.encode("The answer is 4.", add_special_tokens=False)
         self.check_position_convention(probe)

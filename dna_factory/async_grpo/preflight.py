@@ -163,12 +163,6 @@ def server_models(base_url: str, retries: int = SERVER_RETRIES) -> list[dict] | 
     return None
 
 
-def server_max_model_len(base_url: str, retries: int = SERVER_RETRIES) -> int | None:
-    """``max_model_len`` from ``GET /v1/models`` (as TRL's ``VLLMClient.get_max_model_len``), or None if unreachable."""
-    models = server_models(base_url, retries)
-    return int(models[0]["max_model_len"]) if models else None
-
-
 def validate_completion_length_against_server(cfg: ResolvedConfig) -> int | None:
     """S-ASYNC-3: raise if max_completion_length >= the server's max_model_len; best effort.
 
@@ -219,6 +213,10 @@ def validate_completion_length_against_server(cfg: ResolvedConfig) -> int | None
     return max_model_len
 
 
+MAX_MODEL_LEN = "max_model_len"
+"""The key under which :func:`wait_for_server` leaves the server's ``max_model_len`` in ``cfg.services``."""
+
+
 def wait_for_server(cfg: ResolvedConfig) -> None:
     """Before data, tokenizer and model load: wait (each up to ``server_wait_s``) for the recipe's servers.
 
@@ -227,11 +225,13 @@ def wait_for_server(cfg: ResolvedConfig) -> None:
     against a server whose ``max_model_len`` it could not read, so the over-long-prompt filter is never skipped.
     """
     wait_for_services(cfg)
-    if validate_completion_length_against_server(cfg) is None:
+    max_model_len = validate_completion_length_against_server(cfg)
+    if max_model_len is None:
         root = server_root(cfg.get("vllm_server_base_url") or "http://localhost:8000", "vllm_server_base_url")
         raise DnaServiceError(
             f"The vLLM server at {root} answers /health but not /v1/models; is it a vLLM server?"
         )
+    cfg.services[MAX_MODEL_LEN] = max_model_len  # the over-long-prompt filter's limit, read once
 
 
 def setup_async_training_args(cfg: ResolvedConfig) -> int | None:

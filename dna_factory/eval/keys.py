@@ -1,19 +1,14 @@
-"""Checkpoint evaluation (S-EVAL): its keys, its start-up checks and checkpoint staging.
+"""Checkpoint evaluation (S-EVAL): its keys and its start-up checks.
 
 With ``eval_on_checkpoint: true`` the shared runner adds
-:class:`~dna_factory.checkpoint_eval_callback.CheckpointEvalCallback` to every stage's
+:class:`~dna_factory.eval.callback.CheckpointEvalCallback` to every stage's
 trainer. On rank zero it evaluates the starting model (``eval_baseline``) and each saved
 checkpoint on a vLLM server of its own (``eval_devices``), with Inspect AI
-(:mod:`dna_factory.eval_harness`), in a background thread, while training goes on.
+(:mod:`dna_factory.eval.harness`), in a background thread, while training goes on.
 
 This module stays free of torch and transformers, so that ``--dry_run`` and ``--help`` stay
-fast; the callback lives in :mod:`dna_factory.checkpoint_eval_callback`.
-
-Staging (S-EVAL-5): ``on_save`` hard-links the files a server needs (weights, tokenizer,
-configs, adapter) into ``<output_dir>/_eval_staging/checkpoint-<N>``. A hard link is a
-second name of the same inode, so the trainer's checkpoint rotation (``shutil.rmtree``)
-removes its own name only and the eval keeps reading; the link costs no data blocks until
-then. Where linking fails (another filesystem) the files are copied, with a warning.
+fast (a test pins it); the callback lives in :mod:`dna_factory.eval.callback`, checkpoint
+staging in :mod:`dna_factory.eval.staging`.
 """
 
 from __future__ import annotations
@@ -22,23 +17,20 @@ import ast
 import importlib.util
 import logging
 import os
-import re
 import shlex
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dna_factory.config import ResolvedConfig
-from dna_factory.config_types import suggest
 from dna_factory.errors import DnaConfigError
-from dna_factory.eval_harness import LOCAL_TASKS, resolve_tasks
+from dna_factory.eval.harness import LOCAL_TASKS, resolve_tasks
+from dna_factory.run_files import EVAL_RESULTS
+from rewards.options import did_you_mean
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TASKS = ("mmlu_pro", "gpqa_diamond", "kmmlu_pro")
-STAGING_DIR = "_eval_staging"
 EVAL_LOGS_DIR = "eval_logs"
-RESULTS_FILE = "eval_results.jsonl"
 
 # Server flags the callback sets itself, and the parallelism flags that need one GPU each.
 OWN_SERVER_FLAGS = ("--model", "--served-model-name", "--port", "--host")
@@ -81,7 +73,7 @@ class CheckpointEvalArguments:
         default_factory=lambda: list(DEFAULT_TASKS),
         metadata={
             "help": "Inspect AI tasks, each logged as eval/<task>: inspect_evals registry names (mmlu_pro, "
-            "gpqa_diamond), tasks of dna_factory/eval_tasks.py (arith, kmmlu_pro) or FILE.py@TASK. "
+            "gpqa_diamond), tasks of dna_factory/eval/tasks.py (arith, kmmlu_pro) or FILE.py@TASK. "
             f"Default: {', '.join(DEFAULT_TASKS)}."
         },
     )
@@ -272,7 +264,7 @@ def validate_checkpoint_eval(cfg: ResolvedConfig) -> None:
         logger.warning(
             "eval_on_checkpoint is on but report_to has no wandb: eval results go to the training log and "
             "<output_dir>/%s only (plot them with scripts/plot_run.py). Add wandb to report_to for W&B curves.",
-            RESULTS_FILE,
+            EVAL_RESULTS,
         )
     if str(cfg.get("save_strategy", "steps")) == "no":
         logger.warning("eval_on_checkpoint is on but save_strategy is no: only the baseline is evaluated.")
@@ -284,7 +276,7 @@ def _check_registry_tasks(registry: list) -> None:
     if importlib.util.find_spec("inspect_evals") is None:
         raise DnaConfigError(
             f"eval_tasks has registry task {registry[0].name!r} but inspect_evals is not installed. "
-            "Run pip install -e '.[eval]', or use tasks of dna_factory/eval_tasks.py (arith)."
+            "Run pip install -e '.[eval]', or use tasks of dna_factory/eval/tasks.py (arith)."
         )
     known = registry_task_names()
     if known is None:
@@ -292,8 +284,8 @@ def _check_registry_tasks(registry: list) -> None:
     for task in registry:
         if task.name not in known:
             raise DnaConfigError(
-                f"eval_tasks has {task.name!r}, which is neither a task of dna_factory/eval_tasks.py nor of "
-                f"the inspect_evals registry.{suggest(task.name, sorted({*LOCAL_TASKS, *known}))} Fix the name or "
+                f"eval_tasks has {task.name!r}, which is neither a task of dna_factory/eval/tasks.py nor of "
+                f"the inspect_evals registry.{did_you_mean(task.name, sorted({*LOCAL_TASKS, *known}))} Fix the name or "
                 "give FILE.py@TASK."
             )
 
@@ -315,92 +307,3 @@ def _warn_device_overlap(devices: list[str]) -> None:
             f"CUDA_VISIBLE_DEVICES is not set, so the trainer may use every GPU, eval_devices "
             f"{','.join(devices)} included. Set CUDA_VISIBLE_DEVICES to the training GPUs."
         )
-
-
-# ---------------------------------------------------------------------- staging (S-EVAL-5)
-
-STAGED_SUFFIXES = (".safetensors", ".json", ".txt", ".model", ".jinja", ".tiktoken", ".py")
-"""Files a server needs: weights, configs, tokenizer (vocab, merges, sentencepiece), chat template, code."""
-TRAINING_STATE = {"trainer_state.json", "rollout_state.json", "zero_to_fp32.py"}
-WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "adapter_model.bin")
-
-
-def staged_files(checkpoint: Path) -> list[Path]:
-    """The top-level files of ``checkpoint`` a server needs; optimizer, scheduler and RNG state are left out."""
-    chosen = []
-    for path in sorted(checkpoint.iterdir()):
-        if not path.is_file() or path.name in TRAINING_STATE:
-            continue
-        is_weights_bin = path.suffix == ".bin" and path.name.startswith(("pytorch_model", "adapter_model"))
-        if path.suffix in STAGED_SUFFIXES or is_weights_bin:
-            chosen.append(path)
-    return chosen
-
-
-def stage_checkpoint(checkpoint: str | os.PathLike[str], staged: str | os.PathLike[str]) -> str:
-    """Hard-link (or copy, with a warning) the server's files of ``checkpoint`` into ``staged``.
-
-    Returns ``"link"`` or ``"copy"``. Raises FileNotFoundError when the checkpoint holds no
-    model weights (e.g. ZeRO-3 without ``stage3_gather_16bit_weights_on_model_save``).
-    """
-    checkpoint, staged = Path(checkpoint), Path(staged)
-    files = staged_files(checkpoint)
-    if not any(p.match(pattern) for p in files for pattern in WEIGHT_PATTERNS):
-        raise FileNotFoundError(
-            f"{checkpoint} has no model weights to serve (*.safetensors or pytorch_model*.bin). With DeepSpeed "
-            "ZeRO-3 set stage3_gather_16bit_weights_on_model_save: true."
-        )
-    if staged.exists():
-        shutil.rmtree(staged)
-    staged.mkdir(parents=True)
-    mode = "link"
-    for path in files:
-        target = staged / path.name
-        if mode == "link":
-            try:
-                os.link(path, target)
-                continue
-            except OSError as exc:
-                mode = "copy"
-                logger.warning(
-                    "Cannot hard-link %s into %s (%s): copying the checkpoint instead, which takes time and "
-                    "disk. Keep %s/ on the filesystem of output_dir.",
-                    path,
-                    staged,
-                    exc.strerror or exc,
-                    STAGING_DIR,
-                )
-        shutil.copy2(path, target)
-    return mode
-
-
-def lora_rank_limit(rank: int) -> int:
-    """The smallest ``--max-lora-rank`` vLLM accepts that holds ``rank``."""
-    allowed = (8, 16, 32, 64, 128, 256, 320, 512)
-    return next((r for r in allowed if r >= rank), rank)
-
-
-def sanitize_tag(text: str) -> str:
-    """A served-model-name prefix: the run name with anything but ``[A-Za-z0-9._-]`` replaced."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "run"
-
-
-# ---------------------------------------------------------------------- wiring
-
-
-def checkpoint_eval_callbacks(cfg: ResolvedConfig, training_args, model_args) -> list:
-    """The callbacks the runner adds to every stage's trainer: one, or none when the toggle is off."""
-    args = cfg.of(CheckpointEvalArguments)
-    if not args.eval_on_checkpoint:
-        return []
-    from dna_factory.checkpoint_eval_callback import CheckpointEvalCallback
-
-    return [
-        CheckpointEvalCallback(
-            args,
-            model_name_or_path=model_args.model_name_or_path,
-            output_dir=training_args.output_dir,
-            tag=sanitize_tag(training_args.run_name or Path(training_args.output_dir).name),
-            report_to=list(training_args.report_to or []),
-        )
-    ]

@@ -1,4 +1,4 @@
-"""The checkpoint-eval TrainerCallback (S-EVAL-1..7); keys and checks are in :mod:`dna_factory.checkpoint_eval`.
+"""The checkpoint-eval TrainerCallback (S-EVAL-1..7); keys and checks are in :mod:`dna_factory.eval.keys`.
 
 On rank zero, and only there (no collective is issued, S-EVAL-4)::
 
@@ -12,7 +12,7 @@ On rank zero, and only there (no collective is issued, S-EVAL-4)::
 
 One eval is one background thread: start a vLLM server for the staged checkpoint
 (:class:`~dna_factory.vllm_server.VLLMServer`, own process group), run the harness process
-(:mod:`dna_factory.eval_harness`), stop both, delete the staged copy, append the row to
+(:mod:`dna_factory.eval.harness`), stop both, delete the staged copy, append the row to
 ``<output_dir>/eval_results.jsonl``. Files of step N are in ``<output_dir>/eval_logs/step-N/``:
 ``vllm.log``, ``harness.log``, ``processes.json`` (process group ids), ``<task>/`` (Inspect
 logs) and ``harness_results.json``.
@@ -24,6 +24,7 @@ import contextlib
 import json
 import logging
 import queue
+import re
 import shutil
 import threading
 import time
@@ -33,18 +34,17 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from dna_factory.checkpoint_eval import (
+from dna_factory.config import ResolvedConfig
+from dna_factory.eval.harness import HarnessRun, HarnessSettings, harness_command, resolve_tasks
+from dna_factory.eval.keys import (
     EVAL_LOGS_DIR,
-    RESULTS_FILE,
-    STAGING_DIR,
     CheckpointEvalArguments,
-    lora_rank_limit,
     split_server_args,
-    stage_checkpoint,
     without_parallel_flags,
 )
-from dna_factory.eval_harness import HarnessRun, HarnessSettings, harness_command, resolve_tasks
+from dna_factory.eval.staging import STAGING_DIR, stage_checkpoint
 from dna_factory.interrupt import stop_requested
+from dna_factory.run_files import EVAL_RESULTS
 from dna_factory.vllm_server import VLLMServer, cuda_available, install_cleanup_hooks
 
 logger = logging.getLogger(__name__)
@@ -283,7 +283,7 @@ class CheckpointEvalCallback(TrainerCallback):
 
     def _record(self, row: dict, step_dir: Path) -> None:
         """Append the row to eval_results.jsonl, log it, and queue it for W&B (S-EVAL-3)."""
-        with open(self.output_dir / RESULTS_FILE, "a", encoding="utf-8") as out:
+        with open(self.output_dir / EVAL_RESULTS, "a", encoding="utf-8") as out:
             out.write(json.dumps(row, default=str) + "\n")
         step = row["eval/step"]
         for task, result in row["tasks"].items():
@@ -340,3 +340,33 @@ class CheckpointEvalCallback(TrainerCallback):
                     if k.startswith(("eval/", "train/")) and isinstance(v, int | float)
                 }
             )
+
+
+def lora_rank_limit(rank: int) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts that holds ``rank``."""
+    allowed = (8, 16, 32, 64, 128, 256, 320, 512)
+    return next((r for r in allowed if r >= rank), rank)
+
+
+def sanitize_tag(text: str) -> str:
+    """A served-model-name prefix: the run name with anything but ``[A-Za-z0-9._-]`` replaced."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "run"
+
+
+# ---------------------------------------------------------------------- wiring
+
+
+def checkpoint_eval_callbacks(cfg: ResolvedConfig, training_args, model_args) -> list:
+    """The callbacks the runner adds to every stage's trainer: one, or none when the toggle is off."""
+    args = cfg.of(CheckpointEvalArguments)
+    if not args.eval_on_checkpoint:
+        return []
+    return [
+        CheckpointEvalCallback(
+            args,
+            model_name_or_path=model_args.model_name_or_path,
+            output_dir=training_args.output_dir,
+            tag=sanitize_tag(training_args.run_name or Path(training_args.output_dir).name),
+            report_to=list(training_args.report_to or []),
+        )
+    ]

@@ -2,7 +2,7 @@
 
 Selected when ``grpo_execution: async`` comes from the recipe or ``--grpo_execution async`` (the
 CLI wins); layered over ``configs/_defaults-AsyncGRPO.yaml`` instead of the sync defaults.
-Everything the topology cannot run is rejected by ``dna_factory.async_grpo`` before anything
+Everything the topology cannot run is rejected by ``dna_factory.async_grpo.preflight`` before anything
 loads (also under ``--dry_run``).
 """
 
@@ -13,22 +13,23 @@ import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trl import GRPOConfig
+from trl import GRPOConfig, ModelConfig
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from dna_factory.agents.config import AgentArguments
-from dna_factory.async_grpo import (
+from dna_factory.async_grpo.preflight import (
+    MAX_MODEL_LEN,
     drop_overlong_prompts,
-    server_max_model_len,
     setup_async_training_args,
     wait_for_server,
 )
-from dna_factory.config import ResolvedConfig
+from dna_factory.config import ResolvedConfig, RunArguments
 from dna_factory.errors import DnaConfigError, DnaServiceError
+from dna_factory.grpo.keys import GRPOStageArguments, learning_alarms, validate_rewards
 from dna_factory.prompts import validate_prompt_settings
 from dna_factory.services import probe_services
 from dna_factory.stages.base import Stage, StageContext
-from dna_factory.stages.grpo import GRPOStageArguments, learning_alarms, validate_rewards
+from rewards.registry import resolve_rewards
 
 logger = logging.getLogger(__name__)
 
@@ -70,10 +71,6 @@ def _names(*classes) -> set[str]:
 
 
 def sync_only_keys() -> dict[str, str]:
-    from trl import ModelConfig
-
-    from dna_factory.config import RunArguments
-
     accepted = _names(AsyncGRPOConfig, ModelConfig, RunArguments, AsyncGRPOStageArguments)
     reason = "applies to grpo_execution: sync only. Remove it, or run with --grpo_execution sync."
     foreign = {key: reason for key in _names(GRPOConfig) - accepted}
@@ -94,8 +91,9 @@ def validate_async(cfg: ResolvedConfig) -> None:
 
 
 def build_trainer(ctx: StageContext):
-    from dna_factory.async_trainer import DnaAsyncGRPOTrainer, prompt_stream
-    from rewards.registry import resolve_rewards
+    # Deferred, not for a cycle: importing the trainer patches TRL's rollout child (rollout_child.py),
+    # which only an async run should do.
+    from dna_factory.async_grpo.trainer import DnaAsyncGRPOTrainer, prompt_stream
 
     args = ctx.training_args
     stage_args = ctx.config.of(AsyncGRPOStageArguments)
@@ -107,13 +105,12 @@ def build_trainer(ctx: StageContext):
             "model that has a chat template."
         )
     if stage_args.drop_overlong_prompts:
-        max_model_len = server_max_model_len(args.vllm_server_base_url)
-        if (
-            max_model_len is None
-        ):  # it answered before the data loaded (wait_for_server): never train unfiltered
+        max_model_len = ctx.config.services.get(MAX_MODEL_LEN)
+        if max_model_len is None:  # wait_for_server reads it before the data loads: never train unfiltered
             raise DnaServiceError(
-                f"The vLLM server at {args.vllm_server_base_url} stopped answering while the data loaded; the "
-                "prompts cannot be checked against its max_model_len. Restart it and rerun."
+                f"The vLLM server's max_model_len was not read before the data loaded ({args.vllm_server_base_url}); "
+                "the prompts cannot be checked against it. Run through the stage's runner (python grpo.py), "
+                "which waits for the server first."
             )
         train_dataset, _ = drop_overlong_prompts(
             train_dataset,
@@ -126,9 +123,9 @@ def build_trainer(ctx: StageContext):
         max_model_len = None
     weight_transfer = None
     if stage_args.weight_sync == "file":
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # deferred with the trainer (heavy)
 
-        from dna_factory.weight_sync import FileWeightTransfer
+        from dna_factory.async_grpo.weight_sync import FileWeightTransfer
 
         model_config = AutoConfig.from_pretrained(ctx.model_args.model_name_or_path)
         weight_transfer = FileWeightTransfer(

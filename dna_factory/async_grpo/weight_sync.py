@@ -17,7 +17,7 @@ train. ``mode=keep`` (what TRL's own NCCL client sends) freezes them instead; vL
 (default ``clear_cache``) preempts them, so after ``/resume`` they recompute their KV cache — prompt
 and tokens so far — with the new weights and carry on. The reset after the reload (preempting any
 request still running) is a checked guard: ``success: false`` is an error, never ignored. A completion that comes back aborted anyway
-(the server aborted it for another reason) is resubmitted by ``dna_factory/rollout_child.py``.
+(the server aborted it for another reason) is resubmitted by ``dna_factory/async_grpo/rollout_child.py``.
 
 A sync that fails after the pause (an exception or Ctrl-C while the weights are gathered, written or
 reloaded) resumes the server before the error goes on, and ``destroy()`` (TRL's training-loop ``finally``)
