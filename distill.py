@@ -1,4 +1,4 @@
-"""On-policy distillation: `python distill.py --config configs/Distill/tiny-cpu.yaml`. See docs/distillation.md."""
+"""On-policy distillation: `python distill.py --config configs/distill/tiny-cpu.yaml`. See docs/distillation.md."""
 
 import sys
 

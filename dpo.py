@@ -1,4 +1,4 @@
-"""DPO stage: `python dpo.py --config configs/DPO/tiny-cpu.yaml [--key value ...]`. See docs/stages.md."""
+"""DPO stage: `python dpo.py --config configs/dpo/tiny-cpu.yaml [--key value ...]`. See docs/stages.md."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""GRPO stage: `python grpo.py --config configs/GRPO/tiny-cpu.yaml [--key value ...]`. See docs/stages.md."""
+"""GRPO stage: `python grpo.py --config configs/grpo/tiny-cpu.yaml [--key value ...]`. See docs/stages.md."""
 
 import sys
 

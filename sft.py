@@ -1,4 +1,4 @@
-"""SFT stage: `python sft.py --config configs/SFT/tiny-cpu.yaml [--key value ...]`. See docs/stages.md."""
+"""SFT stage: `python sft.py --config configs/sft/tiny-cpu.yaml [--key value ...]`. See docs/stages.md."""
 
 import sys
 

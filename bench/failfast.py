@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     with VLLMServer(REPO / model, served_model_name=[model], extra_args=["--max-model-len", "512"]) as server:
         url = server.base_url.removesuffix("/v1")
-        command = [sys.executable, "grpo.py", "--config", "configs/GRPO/tiny-cpu-async.yaml",
+        command = [sys.executable, "grpo.py", "--config", "configs/grpo/tiny-cpu-async.yaml",
                    "--vllm_server_base_url", url, "--max_completion_length", "512"]  # fmt: skip
         for _ in range(args.repeat):
             started = time.perf_counter()

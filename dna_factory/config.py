@@ -1,4 +1,4 @@
-"""Layered, typed configuration: ``_defaults-<Stage>.yaml`` < ``--config`` recipe < CLI flags.
+"""Layered, typed configuration: ``_defaults-<stage>.yaml`` < ``--config`` recipe < CLI flags.
 
 A stage's configuration is the union of the fields of a few dataclasses: the TRL config
 of the stage (``SFTConfig``, ``DPOConfig``, ...), TRL's ``ModelConfig`` (model path,
@@ -129,12 +129,27 @@ def _plain(value: Any) -> Any:
 # --------------------------------------------------------------------------- layers
 
 
+def shipped_config_hint(path: str | Path) -> str:
+    """' Did you mean ...?' with the shipped config nearest to a path that does not exist, or ''.
+
+    Case is ignored first: the recipe folders were renamed to the lower-case entry names
+    (``configs/SFT/`` became ``configs/sft/``), and an old path must name its own new one.
+    """
+    shipped = sorted(p.relative_to(REPO_ROOT).as_posix() for p in CONFIGS_DIR.rglob("*.yaml"))
+    wanted = Path(path).as_posix().removeprefix("./")
+    by_case = {name.lower(): name for name in shipped}
+    if wanted.lower() in by_case:
+        return f" Did you mean {by_case[wanted.lower()]!r}?"
+    return did_you_mean(wanted.lower(), shipped)
+
+
 def load_yaml(path: str | Path, what: str) -> dict[str, Any]:
     """Read a YAML mapping; a missing file or a non-mapping is a DnaConfigError."""
     path = Path(path)
     if not path.is_file():
         raise DnaConfigError(
-            f"{what} '{path}' does not exist. Check the path (it is relative to {Path.cwd()})."
+            f"{what} '{path}' does not exist.{shipped_config_hint(path)} Check the path (it is relative to "
+            f"{Path.cwd()})."
         )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -184,7 +199,7 @@ def parse_cli(argv: list[str], types_by_key: dict[str, Any]) -> tuple[dict[str, 
         if key == "config":
             if len(values) != 1:
                 raise DnaConfigError(
-                    "--config takes exactly one path. Use --config configs/<Stage>/<recipe>.yaml."
+                    "--config takes exactly one path. Use --config configs/<stage>/<recipe>.yaml."
                 )
             recipe = values[0]
             continue

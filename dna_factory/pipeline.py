@@ -6,14 +6,15 @@ A pipeline recipe (``configs/recipes/<name>.yaml``)::
     output_dir: outputs/pipeline-tiny-cpu
     model_name_or_path: artifacts/tiny/student     # the first stage's model
     overrides: {report_to: wandb}                   # optional: overrides for every stage (a stage's own win)
+    launcher: [accelerate, launch, --config_file, configs/accelerate/zero3.yaml]   # optional: every stage's
     stages:
       - name: sft
         entry: sft                                  # sft | dpo | grpo | distill
-        config: configs/SFT/tiny-cpu.yaml
+        config: configs/sft/tiny-cpu.yaml
         overrides: {num_train_epochs: 2}            # CLI-level overrides; "${teacher}" = stage teacher's model
         model: artifacts/tiny/teacher               # optional: start here instead of the previous stage's model
         merge_adapter: true                         # LoRA stage: hand a merged model to the next stage
-        launcher: [accelerate, launch, --config_file, configs/accelerate/zero3.yaml]   # optional
+        launcher: [torchrun, --nproc_per_node, "8"]   # optional: this stage's own ([] for none)
         gpus: {train: "0,1,2,3", generation: "4,5,6,7"}                               # optional, GPU roles
         env: {OMP_NUM_THREADS: "1"}                 # optional
 

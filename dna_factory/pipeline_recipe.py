@@ -16,13 +16,13 @@ from typing import Any
 import yaml
 
 from dna_factory import run_files
-from dna_factory.config import load_yaml
+from dna_factory.config import load_yaml, shipped_config_hint
 from dna_factory.errors import DnaConfigError
 from dna_factory.stages import STAGE_MODULES
 from rewards.options import did_you_mean
 
 ENTRIES = tuple(STAGE_MODULES)
-RECIPE_KEYS = {"name", "description", "output_dir", "model_name_or_path", "overrides", "stages"}
+RECIPE_KEYS = {"name", "description", "output_dir", "model_name_or_path", "overrides", "launcher", "stages"}
 STAGE_KEYS = {
     "name",
     "entry",
@@ -75,6 +75,20 @@ def _check_keys(mapping: dict, valid: set[str], where: str) -> None:
             )
 
 
+def _launcher(value, where: str) -> list[str]:
+    """A ``launcher:`` as argv words: a list, or one string split on spaces; none is ``[]``."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return value.split()
+    if isinstance(value, list) and all(isinstance(word, (str, int, float)) for word in value):
+        return [str(word) for word in value]
+    raise DnaConfigError(
+        f"{where}: `launcher:` must be a list of words (e.g. [accelerate, launch, --config_file, F]) or one "
+        f"string, not {value!r}."
+    )
+
+
 def load_pipeline(path: str | Path) -> Pipeline:
     """Parse and check a pipeline recipe (not the stages' own configs: see :func:`validate`)."""
     raw = load_yaml(path, "Pipeline recipe")
@@ -87,6 +101,7 @@ def load_pipeline(path: str | Path) -> Pipeline:
     common = raw.get("overrides") or {}
     if not isinstance(common, dict):
         raise DnaConfigError(f"{path}: `overrides:` must be a mapping of config keys to values.")
+    shared_launcher = _launcher(raw.get("launcher"), str(path))
     stages, names = [], set()
     for i, entry in enumerate(stages_raw, start=1):
         where = f"{path} stage {i}"
@@ -106,8 +121,10 @@ def load_pipeline(path: str | Path) -> Pipeline:
             )
         names.add(entry["name"])
         if not Path(entry["config"]).is_file():
-            raise DnaConfigError(f"{where}: config '{entry['config']}' does not exist.")
-        launcher = entry.get("launcher") or []
+            raise DnaConfigError(
+                f"{where}: config '{entry['config']}' does not exist.{shipped_config_hint(entry['config'])}"
+            )
+        launcher = _launcher(entry["launcher"], where) if "launcher" in entry else list(shared_launcher)
         stages.append(
             PipelineStage(
                 index=i,
@@ -116,7 +133,7 @@ def load_pipeline(path: str | Path) -> Pipeline:
                 config=str(entry["config"]),
                 overrides={**common, **(entry.get("overrides") or {})},
                 merge_adapter=bool(entry.get("merge_adapter", True)),
-                launcher=launcher.split() if isinstance(launcher, str) else list(launcher),
+                launcher=launcher,
                 gpus={k: str(v) for k, v in (entry.get("gpus") or {}).items()},
                 env={k: str(v) for k, v in (entry.get("env") or {}).items()},
                 description=str(entry.get("description", "")),

@@ -269,7 +269,6 @@ class CodeExecutionReward(Reward):
             self._semaphores[loop] = asyncio.Semaphore(self.concurrency)
         return self._semaphores[loop]
 
-
     def required_columns(self) -> set[str]:
         """Dataset columns this reward reads (for the recipe dry-run); ``entry_point`` is optional."""
         return {self.tests_column} | ({self.setup_column} if self.setup_column else set())

@@ -215,7 +215,6 @@ class JudgeReward(Reward):
     reference_column: str | None = None
     _models: dict[str, str] = field(default_factory=dict, init=False, repr=False)  # base URL -> first model
 
-
     @property
     def reference_guided(self) -> bool:
         """Whether the rubric has a ``{reference}`` placeholder."""

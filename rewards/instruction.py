@@ -107,7 +107,6 @@ class InstructionFollowingReward(Reward):
     all_or_nothing: bool
     loose: bool
 
-
     def required_columns(self) -> set[str]:
         """Dataset columns this reward reads (for the recipe dry-run)."""
         return {self.instructions_column} | ({self.kwargs_column} if self.kwargs_column else set())

@@ -49,11 +49,10 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 def keyword_parameters(target: Callable) -> dict[str, inspect.Parameter]:
     """The parameters of ``target`` (a function, or a class's ``__init__``) a mapping of options can set."""
-    signature = inspect.signature(target.__init__ if inspect.isclass(target) else target)
     return {
         name: p
-        for name, p in signature.parameters.items()
-        if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        for name, p in inspect.signature(target).parameters.items()  # a class: its __init__ less self
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
     }
 
 

@@ -240,7 +240,6 @@ class StringMatchReward(Reward):
         """Dataset columns this reward reads (for the recipe dry-run)."""
         return {self.answer_column}
 
-
     def __call__(
         self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **kwargs: Any
     ) -> list[float | None]:
@@ -340,14 +339,15 @@ class LastNumberReward(Reward):
         self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **kwargs: Any
     ) -> list[float | None]:
         n = len(completions)
+        applies = self.applies(kwargs, n)
         golds = self.column_or_abstain(
             kwargs, self.answer_column, n, holds="expected numbers", option="answer_column"
         )
         if golds is None:
             return [None] * n
         scores: list[float | None] = []
-        for completion, gold in zip(completions, golds, strict=True):
-            gold_text = _gold_string(gold)
+        for completion, gold, applies_here in zip(completions, golds, applies, strict=True):
+            gold_text = _gold_string(gold) if applies_here else None
             gold_token = extract_last_number(gold_text) if gold_text is not None else None
             expected = _as_number(gold_token) if gold_token is not None else None
             if expected is None:

@@ -104,18 +104,18 @@ def _stage_command(stage: str, model: str, teacher: str, out: Path, cpu: bool, s
     ]
     common += ["--logging_steps", "1", "--report_to", "none", *hardware]
     if stage == "sft":
-        return ["sft.py", "--config", "configs/SFT/tiny-cpu.yaml", *common]
+        return ["sft.py", "--config", "configs/sft/tiny-cpu.yaml", *common]
     if stage == "grpo":
-        return ["grpo.py", "--config", "configs/GRPO/tiny-cpu.yaml", *common, "--use_vllm", "false"]
+        return ["grpo.py", "--config", "configs/grpo/tiny-cpu.yaml", *common, "--use_vllm", "false"]
     if stage == "grpo_vllm":
-        return ["grpo.py", "--config", "configs/GRPO/tiny-cpu.yaml", *common, "--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization", "0.3"]  # fmt: skip
+        return ["grpo.py", "--config", "configs/grpo/tiny-cpu.yaml", *common, "--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization", "0.3"]  # fmt: skip
     if stage == "async":
-        return ["grpo.py", "--config", "configs/GRPO/tiny-cpu-async.yaml", *common, "--tree_attention", "sdpa", "--weight_sync", "file"]  # fmt: skip
+        return ["grpo.py", "--config", "configs/grpo/tiny-cpu-async.yaml", *common, "--tree_attention", "sdpa", "--weight_sync", "file"]  # fmt: skip
     if stage == "distill":
         return [
             "distill.py",
             "--config",
-            "configs/Distill/tiny-cpu.yaml",
+            "configs/distill/tiny-cpu.yaml",
             *common,
             "--teacher_model_name_or_path",
             teacher,

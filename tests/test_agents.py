@@ -35,7 +35,7 @@ from tests import agent_fixtures
 from tests.agent_fixtures import FaultyEnvironment, ScriptedPolicy, tool_responses
 from tests.conftest import run_cli
 
-RECIPES = {env: f"configs/GRPO/agent-{env}-tiny-cpu.yaml" for env in ("general", "coding", "search")}
+RECIPES = {env: f"configs/grpo/agent-{env}-tiny-cpu.yaml" for env in ("general", "coding", "search")}
 RECORD = "tests.agent_fixtures:record_completions"
 END = "<|im_end|>"
 

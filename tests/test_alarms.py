@@ -35,7 +35,7 @@ REWARDS = textwrap.dedent(
 )
 def test_a_run_that_learns_nothing_is_named_in_a_warning(reward, fragments, tmp_path, tiny_model):
     (tmp_path / "zero_signal.py").write_text(REWARDS)
-    recipe = yaml.safe_load((REPO / "configs/GRPO/tiny-cpu.yaml").read_text())
+    recipe = yaml.safe_load((REPO / "configs/grpo/tiny-cpu.yaml").read_text())
     recipe.update(
         reward_funcs=[{"function": f"zero_signal:{reward}"}],
         output_dir=str(tmp_path / "out"),

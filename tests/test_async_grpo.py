@@ -26,8 +26,8 @@ from dna_factory.errors import DnaConfigError
 from dna_factory.runner import prepare
 from tests.conftest import REPO, cli_env, run_cli, server_paused
 
-SYNC = "configs/GRPO/tiny-cpu.yaml"
-ASYNC = "configs/GRPO/tiny-cpu-async.yaml"
+SYNC = "configs/grpo/tiny-cpu.yaml"
+ASYNC = "configs/grpo/tiny-cpu-async.yaml"
 DOWN = "http://127.0.0.1:9"  # nothing listens on the discard port
 
 
@@ -238,11 +238,11 @@ def test_cli_async_overrides_yaml_and_selects_async_defaults(tiny_model):
         "grpo", ["--config", SYNC, "--grpo_execution", "async", "--vllm_server_base_url", DOWN, "--dry_run"]
     )
     assert (
-        stage.defaults == "AsyncGRPO" and cfg.sources["max_staleness"] == "configs/_defaults-AsyncGRPO.yaml"
+        stage.defaults == "async_grpo" and cfg.sources["max_staleness"] == "configs/_defaults-async_grpo.yaml"
     )
     assert cfg.values["token_budget"] is None
     sync_stage, _ = prepare("grpo", ["--config", SYNC, "--dry_run"])
-    assert sync_stage.defaults == "GRPO"
+    assert sync_stage.defaults == "grpo"
 
 
 def test_sync_only_key_in_async_mode_is_named(tiny_model):

@@ -30,7 +30,7 @@ from dna_factory.eval.staging import stage_checkpoint, staged_files
 from dna_factory.runner import prepare
 from tests.conftest import REPO, cli_env, run_cli
 
-SFT = ["--config", "configs/SFT/tiny-cpu.yaml"]
+SFT = ["--config", "configs/sft/tiny-cpu.yaml"]
 EVAL = [
     "--eval_on_checkpoint", "true",
     "--eval_tasks", "arith",
@@ -132,6 +132,14 @@ def test_local_task_names_match_eval_tasks_file():
         and any(getattr(d, "id", None) == "task" for d in node.decorator_list)
     }
     assert tasks == set(LOCAL_TASKS)
+
+
+def test_the_offline_tasks_read_their_shipped_data():
+    """After the move into dna_factory/eval/, tasks.py looked for data/ inside dna_factory/: every eval errored."""
+    from dna_factory.eval import tasks
+
+    for name in ("arith", "largest"):
+        assert len(getattr(tasks, name)().dataset) > 0, name
 
 
 def test_kmmlu_pro_rows_become_lettered_choices():

@@ -108,7 +108,7 @@ def test_missing_config_file(stage, capsys):
     ],
 )
 def test_real_process_exit_status(script, flag, fragment, tiny_model):
-    recipe = f"configs/{script[:3].upper()}/tiny-cpu.yaml"
+    recipe = f"configs/{script[:3]}/tiny-cpu.yaml"
     proc = run_cli(script, "--config", recipe, flag)
     assert proc.returncode == 2
     assert fragment in proc.stderr and "Traceback" not in proc.stderr
@@ -120,7 +120,7 @@ def test_missing_tiny_model_says_how_to_build_it(tmp_path, capsys):
             "sft",
             [
                 "--config",
-                "configs/SFT/tiny-cpu.yaml",
+                "configs/sft/tiny-cpu.yaml",
                 "--model_name_or_path",
                 str(tmp_path / "tiny" / "student"),
             ],
@@ -141,14 +141,14 @@ def _one_error_line(proc) -> str:
 
 
 def _sft_args(tmp_path, *extra: str) -> list[str]:
-    return ["sft.py", "--config", "configs/SFT/tiny-cpu.yaml", "--output_dir", str(tmp_path / "out"), *extra]
+    return ["sft.py", "--config", "configs/sft/tiny-cpu.yaml", "--output_dir", str(tmp_path / "out"), *extra]
 
 
 def test_an_output_dir_under_a_file_is_one_error_line(tmp_path, tiny_model):
     (tmp_path / "afile").write_text("not a folder\n")
     out = tmp_path / "afile" / "out"
     for extra in (["--dry_run"], []):
-        proc = run_cli("sft.py", "--config", "configs/SFT/tiny-cpu.yaml", "--output_dir", str(out), *extra)
+        proc = run_cli("sft.py", "--config", "configs/sft/tiny-cpu.yaml", "--output_dir", str(out), *extra)
         line = _one_error_line(proc)
         assert str(tmp_path / "afile") in line and "output_dir" in line, line
 

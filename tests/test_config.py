@@ -10,7 +10,7 @@ from dna_factory.errors import DnaConfigError
 from dna_factory.runner import RESOLVED_CONFIG_NAME, main, prepare
 from tests.conftest import REPO, run_cli
 
-SFT_RECIPE = "configs/SFT/tiny-cpu.yaml"
+SFT_RECIPE = "configs/sft/tiny-cpu.yaml"
 
 
 def test_layering_cli_beats_recipe_beats_defaults(tiny_model):
@@ -21,7 +21,7 @@ def test_layering_cli_beats_recipe_beats_defaults(tiny_model):
     assert cfg.values["save_total_limit"] == 2
     assert cfg.sources["save_total_limit"] == SFT_RECIPE
     assert cfg.sources["lr_scheduler_type"] == SFT_RECIPE
-    assert cfg.sources["save_strategy"] == "configs/_defaults-SFT.yaml"
+    assert cfg.sources["save_strategy"] == "configs/_defaults-sft.yaml"
     from trl import SFTConfig
 
     args = cfg.of(SFTConfig)
@@ -146,7 +146,7 @@ def test_help_shows_the_default_a_run_gets_and_its_layer(stage, capsys):
 def test_help_of_the_async_variant_shows_its_own_defaults(capsys):
     assert main("grpo", ["--grpo_execution", "async", "--help"]) == 0
     out = capsys.readouterr().out
-    assert "default 'nccl' from configs/_defaults-AsyncGRPO.yaml" in _help_line(out, "weight_sync")
+    assert "default 'nccl' from configs/_defaults-async_grpo.yaml" in _help_line(out, "weight_sync")
 
 
 def test_resolved_config_roundtrips(tmp_path, tiny_model):
@@ -164,7 +164,7 @@ def test_resolved_config_roundtrips(tmp_path, tiny_model):
 
 
 def test_yaml_off_is_the_string_off_for_choice_keys(tiny_model):
-    _, cfg = prepare("grpo", ["--config", "configs/GRPO/tiny-cpu.yaml", "--dynamic_sampling", "off"])
+    _, cfg = prepare("grpo", ["--config", "configs/grpo/tiny-cpu.yaml", "--dynamic_sampling", "off"])
     assert cfg.values["dynamic_sampling"] == "off"
 
 
@@ -173,7 +173,7 @@ def test_yaml_no_is_the_string_no_for_enum_keys(tiny_model):
     assert cfg.values["save_strategy"] == "no"
 
 
-STAGE_DIRS = {"SFT": "sft", "DPO": "dpo", "GRPO": "grpo", "Distill": "distill"}
+STAGE_DIRS = {"sft": "sft", "dpo": "dpo", "grpo": "grpo", "distill": "distill"}  # configs/<entry>/
 SHIPPED = sorted(p for d in STAGE_DIRS for p in (REPO / "configs" / d).glob("*.yaml"))
 
 
@@ -184,7 +184,7 @@ def test_every_shipped_recipe_passes_dry_run(recipe, tiny_model):
         STAGE_DIRS[recipe.parent.name], ["--config", str(recipe.relative_to(REPO)), "--dry_run"]
     )
     assert cfg.values["model_name_or_path"]
-    assert stage.defaults in (recipe.parent.name, f"Async{recipe.parent.name}")
+    assert stage.defaults in (recipe.parent.name, f"async_{recipe.parent.name}")
 
 
 def test_list_keys_take_comma_separated_or_repeated_values(tiny_model):
@@ -198,7 +198,7 @@ def test_list_keys_take_comma_separated_or_repeated_values(tiny_model):
     assert cfg.values["learning_rate"] == pytest.approx(1e-4)
     _, cfg = prepare(  # a flow mapping with commas stays one list item
         "grpo",
-        ["--config", "configs/GRPO/tiny-cpu.yaml", "--reward_funcs",
+        ["--config", "configs/grpo/tiny-cpu.yaml", "--reward_funcs",
          "{factory: string_match, answer_column: solution, weight: 2}"],
     )  # fmt: skip
     assert cfg.values["reward_funcs"] == [
@@ -206,7 +206,7 @@ def test_list_keys_take_comma_separated_or_repeated_values(tiny_model):
     ]
 
 
-RECIPE_FOLDERS = {"SFT": "sft", "GRPO": "grpo", "DPO": "dpo", "Distill": "distill"}
+RECIPE_FOLDERS = STAGE_DIRS
 STAGE_RECIPES = sorted(
     path.relative_to(REPO).as_posix()
     for folder in RECIPE_FOLDERS

@@ -38,8 +38,8 @@ from dna_factory.trl_pin import TRL_VERSION
 from tests.conftest import REPO, run_cli
 from tests.teacher_fixtures import FaultyTeacher
 
-RECIPE = "configs/Distill/tiny-cpu.yaml"
-SHIPPED = sorted((REPO / "configs" / "Distill").glob("*.yaml"))
+RECIPE = "configs/distill/tiny-cpu.yaml"
+SHIPPED = sorted((REPO / "configs" / "distill").glob("*.yaml"))
 
 
 def _history(out: Path) -> list[dict]:
@@ -383,7 +383,7 @@ def test_tokenizer_probes_cover_languages_code_and_template_specials(tiny_model)
 def test_shipped_recipes_pass_dry_run(tiny_model, tiny_teacher):
     for recipe in SHIPPED:
         stage, cfg = prepare("distill", ["--config", str(recipe.relative_to(REPO)), "--dry_run"])
-        assert stage.defaults == "Distill" and cfg.values["use_peft"] is True and cfg.values["lora_r"] == 4
+        assert stage.defaults == "distill" and cfg.values["use_peft"] is True and cfg.values["lora_r"] == 4
 
 
 def test_local_teacher_recipe_trains_3_steps(tmp_path, tiny_model, tiny_teacher):
@@ -489,7 +489,7 @@ def trained_teacher(tmp_path_factory, tiny_teacher):
     """The tiny teacher after SFT on the bundled task (~10 s): it now prefers '17 + 18 = 35. The answer is 35.'"""
     out = tmp_path_factory.mktemp("sft-teacher") / "teacher"
     proc = run_cli(
-        "sft.py", "--config", "configs/SFT/tiny-cpu.yaml", "--model_name_or_path", str(tiny_teacher),
+        "sft.py", "--config", "configs/sft/tiny-cpu.yaml", "--model_name_or_path", str(tiny_teacher),
         "--output_dir", str(out), "--save_strategy", "no", "--logging_steps", "10",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -16,7 +16,7 @@ import pytest
 from dna_factory.errors import DnaConfigError
 from dna_factory.runner import prepare
 
-RECIPE = "configs/Distill/tiny-cpu.yaml"
+RECIPE = "configs/distill/tiny-cpu.yaml"
 FILES = (
     "config.json",
     "tokenizer.json",

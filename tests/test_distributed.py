@@ -15,7 +15,7 @@ def _launch(config: str, out: Path):
     # is the simple launcher); the config files use the torchrun / DeepSpeed launchers instead.
     return run_cli(
         "-m", "accelerate.commands.launch", "--config_file", config,
-        "sft.py", "--config", "configs/SFT/tiny-cpu.yaml", "--max_steps", "2", "--output_dir", str(out),
+        "sft.py", "--config", "configs/sft/tiny-cpu.yaml", "--max_steps", "2", "--output_dir", str(out),
         timeout=600,
     )  # fmt: skip
 

@@ -38,7 +38,7 @@ def live_dead(tmp_path_factory):
 
 def _argv(live_dead, tmp_path, *extra, live="live", dead="dead"):
     return [
-        "--config", "configs/GRPO/tiny-cpu.yaml",
+        "--config", "configs/grpo/tiny-cpu.yaml",
         "--datasets", json.dumps([{"path": str(live_dead[live]), "label": "live"}, {"path": str(live_dead[dead]), "label": "dead"}]),
         "--reward_funcs", "[tests.reward_fixtures:group_parity_reward]",
         "--output_dir", str(tmp_path / "out"), "--max_completion_length", "8", "--logging_steps", "1",

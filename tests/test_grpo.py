@@ -10,7 +10,7 @@ from dna_factory.errors import CONFIG_ERRORS
 from dna_factory.runner import prepare
 from tests.conftest import REPO, run_cli
 
-RECIPE = "configs/GRPO/tiny-cpu.yaml"
+RECIPE = "configs/grpo/tiny-cpu.yaml"
 
 
 def test_grpo_tiny_recipe_trains_with_string_match(tmp_path, tiny_model):

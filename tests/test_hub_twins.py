@@ -13,12 +13,12 @@ import yaml
 from dna_factory.rehearsal.twins import CORPUS_TWINS, HUB_TWINS, NO_OFFLINE_TWIN, substitute_twins
 from tests.conftest import REPO
 
-STAGES = {"SFT": "sft", "DPO": "dpo", "GRPO": "grpo", "Distill": "distill"}
+STAGES = {"sft": "sft", "dpo": "dpo", "grpo": "grpo", "distill": "distill"}  # configs/<entry>/
 LOADED = {
-    "configs/SFT/qwen3-0.6B-sft.yaml": "messages",
-    "configs/SFT/glm-4.5-air-sft.yaml": "messages",
-    "configs/DPO/qwen3-0.6B-dpo.yaml": "chosen",
-    "configs/GRPO/glm-4.5-air-rlhf.yaml": "prompt",
+    "configs/sft/qwen3-0.6B-sft.yaml": "messages",
+    "configs/sft/glm-4.5-air-sft.yaml": "messages",
+    "configs/dpo/qwen3-0.6B-dpo.yaml": "chosen",
+    "configs/grpo/glm-4.5-air-rlhf.yaml": "prompt",
 }
 
 

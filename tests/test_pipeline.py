@@ -35,19 +35,19 @@ SMALL = [
     {
         "name": "sft",
         "entry": "sft",
-        "config": "configs/SFT/tiny-cpu.yaml",
+        "config": "configs/sft/tiny-cpu.yaml",
         "overrides": {"max_steps": 4, "save_steps": 2},
     },
     {
         "name": "grpo",
         "entry": "grpo",
-        "config": "configs/GRPO/tiny-cpu.yaml",
+        "config": "configs/grpo/tiny-cpu.yaml",
         "overrides": {"max_steps": 6, "save_steps": 2, "save_total_limit": 5},
     },
     {
         "name": "distill",
         "entry": "distill",
-        "config": "configs/Distill/tiny-cpu.yaml",
+        "config": "configs/distill/tiny-cpu.yaml",
         "overrides": {"max_steps": 2, "save_steps": 2},
     },
 ]
@@ -191,4 +191,34 @@ def test_cli_set_references_and_output_dir(tmp_path):
     ):
         apply_cli_overrides(
             load_pipeline(_recipe(tmp_path, SMALL)), ["teacher_model_name_or_path=${grpo}"], None
+        )
+
+
+def test_a_recipe_wide_launcher_serves_every_stage_that_names_none(tmp_path):
+    """#16 item 6: rufus-air.yaml repeated one launcher eight times; a recipe now states it once."""
+    from dna_factory.pipeline_recipe import load_pipeline
+
+    launcher = ["accelerate", "launch", "--config_file", "configs/accelerate/zero3.yaml"]
+    own = ["torchrun", "--nproc_per_node", "2"]
+    stages = [dict(SMALL[0]), dict(SMALL[1], launcher=own), dict(SMALL[2], launcher=[])]
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        yaml.safe_dump({"name": "t", "model_name_or_path": "m", "launcher": launcher, "stages": stages})
+    )
+    sft, grpo, distill = load_pipeline(path).stages
+    assert sft.launcher == launcher and grpo.launcher == own and distill.launcher == []
+    path.write_text(yaml.safe_dump({"name": "t", "model_name_or_path": "m", "launcher": 3, "stages": stages}))
+    from dna_factory.errors import DnaConfigError
+
+    with pytest.raises(DnaConfigError, match="launcher"):
+        load_pipeline(path)
+
+
+def test_the_shipped_recipes_state_a_shared_launcher_once():
+    for recipe in sorted((REPO / "configs" / "recipes").glob("*.yaml")):
+        raw = yaml.safe_load(recipe.read_text())
+        launchers = [s["launcher"] for s in raw["stages"] if "launcher" in s]
+        repeated = [x for x in launchers if launchers.count(x) > 1]
+        assert not repeated, (
+            f"{recipe.name}: the same launcher in {len(repeated)} stages; state it once at the top"
         )

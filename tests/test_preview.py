@@ -64,7 +64,7 @@ def test_sft_preview_marks_the_prompt_as_loss_free_and_exits_before_any_output(
 
 
 def test_grpo_preview_shows_the_generation_prompt_with_the_tools_rendered(capsys, tiny_model):
-    assert main("grpo", ["--config", "configs/GRPO/agent-search-tiny-cpu.yaml", "--preview", "1"]) == 0
+    assert main("grpo", ["--config", "configs/grpo/agent-search-tiny-cpu.yaml", "--preview", "1"]) == 0
     out = capsys.readouterr().out
     assert "# tools rendered into the prompts: search" in out
     assert "<tools>" in out and '"name": "search"' in out
@@ -73,7 +73,7 @@ def test_grpo_preview_shows_the_generation_prompt_with_the_tools_rendered(capsys
 
 
 def test_dpo_preview_shows_prompt_chosen_and_rejected(capsys, tiny_model):
-    assert main("dpo", ["--config", "configs/DPO/tiny-cpu.yaml", "--preview", "1"]) == 0
+    assert main("dpo", ["--config", "configs/dpo/tiny-cpu.yaml", "--preview", "1"]) == 0
     out = capsys.readouterr().out
     for section in ("── prompt (", "── chosen (", "── rejected ("):
         assert section in out
@@ -84,7 +84,7 @@ def test_preview_flag_forms():
     assert split_preview_flag(["--preview"]) == ([], 2)
     assert split_preview_flag(["--preview=5", "--x", "1"]) == (["--x", "1"], 5)
     assert split_preview_flag(["--x", "1"]) == (["--x", "1"], None)
-    assert main("sft", ["--config", "configs/SFT/tiny-cpu.yaml", "--preview=0"]) == 2
+    assert main("sft", ["--config", "configs/sft/tiny-cpu.yaml", "--preview=0"]) == 2
 
 
 def test_pipeline_preview_prints_every_stage(tiny_model, tiny_teacher, tmp_path):
@@ -111,7 +111,7 @@ def test_dry_run_names_a_missing_gpu_package_and_the_install_line(monkeypatch, t
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "kernels" else real(name, *a)
     )
-    argv = ["--config", "configs/GRPO/qwen3-0.6B-async.yaml", "--vllm_server_base_url", "http://127.0.0.1:9"]
+    argv = ["--config", "configs/grpo/qwen3-0.6B-async.yaml", "--vllm_server_base_url", "http://127.0.0.1:9"]
     with pytest.raises(DnaConfigError, match=r"tree_attention: fa3 .* needs the `kernels` package.*\[gpu\]"):
         prepare("grpo", [*argv, "--dry_run"])
     prepare(

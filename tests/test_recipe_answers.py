@@ -34,7 +34,7 @@ import yaml
 from dna_factory.rehearsal.twins import NO_OFFLINE_TWIN, build_twin, substitute_twins
 from tests.conftest import REPO
 
-STAGE_DIRS = {"GRPO": "grpo", "Distill": "distill"}
+STAGE_DIRS = {"grpo": "grpo", "distill": "distill"}  # configs/<entry>/
 CHECKED_FACTORIES = {"string_match", "code_execution", "instruction_following"}
 ROWS = {
     "google-research-datasets/mbpp": 60,
@@ -56,7 +56,7 @@ def _factories(recipe: dict) -> set[str]:
 
 
 REWARD_RECIPES = [p for p in _recipes() if _factories(yaml.safe_load(p.read_text())) & CHECKED_FACTORIES]
-DISTILL_RECIPES = [p for p in _recipes() if p.parent.name == "Distill" and "tiny" not in p.name]
+DISTILL_RECIPES = [p for p in _recipes() if p.parent.name == "distill" and "tiny" not in p.name]
 
 
 # --------------------------------------------------------------------------- answers, as the prompt asks
@@ -203,10 +203,10 @@ def test_shipped_recipe_scores_gold_answers_written_as_its_prompt_asks(recipe, t
 def test_check_fails_for_a_recipe_whose_prompt_asks_boxed_while_its_extractor_reads_hashes(
     tmp_path, tiny_model
 ):
-    recipe = yaml.safe_load((REPO / "configs/GRPO/qwen3-0.6B-grpo.yaml").read_text())
+    recipe = yaml.safe_load((REPO / "configs/grpo/qwen3-0.6B-grpo.yaml").read_text())
     recipe["datasets"][0]["prompt_template"] = "{{ prompt }}\nPut the final answer within \\boxed{}."
     recipe["reward_funcs"] = [{"factory": "string_match", "extractor": "gsm8k", "answer_column": "answer"}]
-    bad = tmp_path / "GRPO" / "boxed-vs-hashes.yaml"
+    bad = tmp_path / "grpo" / "boxed-vs-hashes.yaml"
     bad.parent.mkdir()
     bad.write_text(yaml.safe_dump(recipe, sort_keys=False))
     report = check_recipe(bad, tmp_path)

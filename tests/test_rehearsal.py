@@ -28,7 +28,7 @@ import yaml
 
 from tests.conftest import REPO, run_cli
 
-STAGE_DIRS = {"SFT": "sft", "DPO": "dpo", "GRPO": "grpo", "Distill": "distill"}
+STAGE_DIRS = {"sft": "sft", "dpo": "dpo", "grpo": "grpo", "distill": "distill"}  # configs/<entry>/
 NOT_STAGE_DIRS = {"accelerate", "deepspeed", "recipes", "filter_tasks"}
 CHAIN = REPO / "configs" / "recipes" / "rufus-air.yaml"
 USER_TURN = {"qwen3": "<|im_start|>user\n", "glm4moe": "<|user|>\n"}
@@ -250,7 +250,7 @@ def test_a_full_size_config_is_scaled_down_with_its_own_tokenizer(tmp_path, twin
 
 
 def test_offline_a_model_without_a_twin_is_one_error_naming_the_table(tmp_path):
-    recipe = yaml.safe_load((REPO / "configs/GRPO/qwen3-0.6B-grpo.yaml").read_text())
+    recipe = yaml.safe_load((REPO / "configs/grpo/qwen3-0.6B-grpo.yaml").read_text())
     recipe["model_name_or_path"] = "someorg/Unknown-7B"
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
@@ -263,7 +263,7 @@ def test_offline_a_model_without_a_twin_is_one_error_naming_the_table(tmp_path):
 def test_rehearse_dry_run_marks_every_changed_key_and_keeps_the_rest(tmp_path):
     """--rehearse --dry_run prints the rehearsed config: changed keys say `# --rehearse`, the recipe's own keys stay."""
     proc = run_cli(
-        "grpo.py", "--config", "configs/GRPO/glm-4.5-air-reasoning.yaml", "--rehearse", "--dry_run"
+        "grpo.py", "--config", "configs/grpo/glm-4.5-air-reasoning.yaml", "--rehearse", "--dry_run"
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     printed = yaml.safe_load(proc.stdout)
@@ -277,12 +277,12 @@ def test_rehearse_dry_run_marks_every_changed_key_and_keeps_the_rest(tmp_path):
         printed["max_steps"] == 2 and printed["use_vllm"] is False and printed["max_completion_length"] == 32
     )
     for key in ("epsilon_high", "num_generations", "dynamic_sampling"):
-        assert "configs/GRPO/glm-4.5-air-reasoning.yaml" in lines[key], lines[key]
+        assert "configs/grpo/glm-4.5-air-reasoning.yaml" in lines[key], lines[key]
     for key in ("loss_type", "beta", "temperature"):  # the recipe leaves them to the defaults layer
-        assert "configs/_defaults-GRPO.yaml" in lines[key], lines[key]
+        assert "configs/_defaults-grpo.yaml" in lines[key], lines[key]
     assert [d["prompt_template"] for d in printed["datasets"]] == [
         d["prompt_template"]
-        for d in yaml.safe_load((REPO / "configs/GRPO/glm-4.5-air-reasoning.yaml").read_text())["datasets"]
+        for d in yaml.safe_load((REPO / "configs/grpo/glm-4.5-air-reasoning.yaml").read_text())["datasets"]
     ]
 
 

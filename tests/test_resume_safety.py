@@ -21,7 +21,7 @@ import yaml
 
 from tests.conftest import REPO, run_cli, start_cli
 
-SFT = ["--config", "configs/SFT/tiny-cpu.yaml", "--save_steps", "2", "--logging_steps", "1"]
+SFT = ["--config", "configs/sft/tiny-cpu.yaml", "--save_steps", "2", "--logging_steps", "1"]
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -68,7 +68,7 @@ def test_raising_max_steps_continues_a_finished_run(run_copy):
 def test_another_stage_in_the_same_output_dir_is_refused(run_copy):
     resolved_before = (run_copy / "resolved_config.yaml").read_text()
     proc = run_cli(
-        "dpo.py", "--config", "configs/DPO/tiny-cpu.yaml", "--max_steps", "3", "--output_dir", str(run_copy)
+        "dpo.py", "--config", "configs/dpo/tiny-cpu.yaml", "--max_steps", "3", "--output_dir", str(run_copy)
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = _error_lines(proc.stderr)
@@ -109,7 +109,7 @@ def test_an_incomplete_newest_checkpoint_is_skipped_with_a_warning(run_copy):
 
 
 def test_resume_from_checkpoint_true_in_a_recipe_resumes(run_copy, tmp_path):
-    recipe = yaml.safe_load((REPO / "configs/SFT/tiny-cpu.yaml").read_text())
+    recipe = yaml.safe_load((REPO / "configs/sft/tiny-cpu.yaml").read_text())
     recipe.update(resume_from_checkpoint=True, save_steps=2, logging_steps=1, max_steps=3)
     recipe["output_dir"] = str(run_copy)
     path = tmp_path / "resume.yaml"
@@ -262,7 +262,7 @@ def test_a_bad_trainer_setting_is_not_blamed_on_the_model(tmp_path, tiny_model):
 
 def test_an_uncached_teacher_hub_id_is_named(tmp_path, tiny_model):
     proc = run_cli(
-        "distill.py", "--config", "configs/Distill/tiny-cpu.yaml", "--output_dir", str(tmp_path / "o"),
+        "distill.py", "--config", "configs/distill/tiny-cpu.yaml", "--output_dir", str(tmp_path / "o"),
         "--teacher_model_name_or_path", "someorg/teacher-7b",
     )  # fmt: skip
     errors = _error_lines(proc.stderr)

@@ -4,7 +4,7 @@ A request that vLLM aborts (a weight-sync pause, a server restart) comes back wi
 that empty turn transformers' ``tokenizer.parse_response(ids, prefix=...)`` returns ``[]``, and
 TRL 1.16's ``parse_response`` then raises ``AttributeError`` (it falls back to plain text only on
 ValueError/TypeError) inside the spawned rollout child, which dies — seen on ``--rehearse`` of
-configs/GRPO/qwen3-0.6B-async.yaml and, per issue 19, on real GSM8K runs. These tests run the
+configs/grpo/qwen3-0.6B-async.yaml and, per issue 19, on real GSM8K runs. These tests run the
 parse the way TRL's child does: in a *spawned* interpreter that received ``AsyncRolloutWorker``'s
 loop class by pickle, with the tiny Qwen3 tokenizer (TRL's real qwen3.jinja).
 """

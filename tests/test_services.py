@@ -17,8 +17,8 @@ import pytest
 from tests.conftest import run_cli
 
 DOWN = "http://127.0.0.1:9"  # nothing listens on the discard port
-GRPO = "configs/GRPO/tiny-cpu.yaml"
-DISTILL = "configs/Distill/tiny-cpu.yaml"
+GRPO = "configs/grpo/tiny-cpu.yaml"
+DISTILL = "configs/distill/tiny-cpu.yaml"
 JUDGE = "[{factory: string_match, extractor: last_number, answer_column: solution}, {factory: judge}]"
 
 # (entry script, flags, environment, the URL the error must name, a word of the start command it must name)

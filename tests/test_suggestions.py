@@ -6,7 +6,7 @@ import pytest
 
 from dna_factory.runner import main
 
-SFT = "configs/SFT/tiny-cpu.yaml"
+SFT = "configs/sft/tiny-cpu.yaml"
 
 
 def test_a_typo_in_a_local_model_path_suggests_the_folder_that_exists(tiny_model, capsys):
@@ -24,3 +24,30 @@ def test_an_unknown_eval_task_suggests_the_close_name(tiny_model, capsys, task, 
     err = capsys.readouterr().err
     assert f"eval_tasks has {task!r}" in err
     assert (hint in err) if hint else ("Did you mean" not in err)
+
+
+@pytest.mark.parametrize(
+    ("entry", "old", "new"),
+    [
+        ("sft", "configs/SFT/tiny-cpu.yaml", "configs/sft/tiny-cpu.yaml"),
+        ("sft", "configs/sft/tiny-cpu.yml", "configs/sft/tiny-cpu.yaml"),
+        ("dpo", "configs/DPO/tiny-cpu.yaml", "configs/dpo/tiny-cpu.yaml"),
+        ("grpo", "configs/GRPO/tiny-cpu.yaml", "configs/grpo/tiny-cpu.yaml"),
+    ],
+)
+def test_a_recipe_path_that_does_not_exist_suggests_the_recipe_that_does(capsys, entry, old, new):
+    """The recipe folders became lower case (configs/sft/, like the entry names, #16); the old path says where."""
+    assert main(entry, ["--config", old, "--dry_run"]) == 2
+    assert f"Did you mean '{new}'?" in capsys.readouterr().err
+
+
+def test_a_pipeline_stage_with_an_old_config_path_names_the_new_one(tmp_path):
+    from dna_factory.errors import DnaConfigError
+    from dna_factory.pipeline_recipe import load_pipeline
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "name: r\nmodel_name_or_path: m\nstages:\n  - {name: g, entry: grpo, config: configs/GRPO/tiny-cpu.yaml}\n"
+    )
+    with pytest.raises(DnaConfigError, match=r"Did you mean 'configs/grpo/tiny-cpu.yaml'\?"):
+        load_pipeline(recipe)

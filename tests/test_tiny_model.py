@@ -80,7 +80,7 @@ def test_glm_air_twin_trains_with_trls_sft(tiny_glm, tmp_path):
 
     out = tmp_path / "sft"
     proc = run_cli(
-        "sft.py", "--config", "configs/SFT/tiny-cpu.yaml", "--model_name_or_path", str(tiny_glm),
+        "sft.py", "--config", "configs/sft/tiny-cpu.yaml", "--model_name_or_path", str(tiny_glm),
         "--max_steps", "2", "--save_strategy", "no", "--output_dir", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

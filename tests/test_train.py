@@ -20,7 +20,7 @@ def _summary(out: Path) -> dict:
 def test_sft_tiny_recipe_trains_and_saves(tmp_path, tiny_model):
     out = tmp_path / "sft"
     proc = run_cli(
-        "sft.py", "--config", "configs/SFT/tiny-cpu.yaml", "--max_steps", "3", "--output_dir", str(out)
+        "sft.py", "--config", "configs/sft/tiny-cpu.yaml", "--max_steps", "3", "--output_dir", str(out)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
@@ -34,7 +34,7 @@ def test_sft_tiny_recipe_trains_and_saves(tmp_path, tiny_model):
 def test_dpo_tiny_recipe_trains_and_saves(tmp_path, tiny_model):
     out = tmp_path / "dpo"
     proc = run_cli(
-        "dpo.py", "--config", "configs/DPO/tiny-cpu.yaml", "--max_steps", "3", "--output_dir", str(out)
+        "dpo.py", "--config", "configs/dpo/tiny-cpu.yaml", "--max_steps", "3", "--output_dir", str(out)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "model.safetensors").is_file()
@@ -44,7 +44,7 @@ def test_dpo_tiny_recipe_trains_and_saves(tmp_path, tiny_model):
 def test_sft_lora_saves_adapter_only(tmp_path, tiny_model):
     out = tmp_path / "lora"
     proc = run_cli(
-        "sft.py", "--config", "configs/SFT/tiny-cpu.yaml", "--max_steps", "2", "--output_dir", str(out),
+        "sft.py", "--config", "configs/sft/tiny-cpu.yaml", "--max_steps", "2", "--output_dir", str(out),
         "--use_peft", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -56,7 +56,7 @@ def test_sft_lora_saves_adapter_only(tmp_path, tiny_model):
 def test_wandb_offline_run(tmp_path, tiny_model):
     out = tmp_path / "wb"
     proc = run_cli(
-        "sft.py", "--config", "configs/SFT/tiny-cpu.yaml", "--max_steps", "2", "--output_dir", str(out),
+        "sft.py", "--config", "configs/sft/tiny-cpu.yaml", "--max_steps", "2", "--output_dir", str(out),
         "--report_to", "wandb", "--logging_steps", "1", WANDB_API_KEY="", WANDB_SILENT="true",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -71,7 +71,7 @@ def _losses(out: Path) -> dict[int, float]:
 
 def test_resume_after_crash_continues_at_step_2_and_ends_at_max_steps(tmp_path, tiny_model):
     args = [
-        "configs/SFT/tiny-cpu.yaml",
+        "configs/sft/tiny-cpu.yaml",
         "--max_steps",
         "6",
         "--save_steps",

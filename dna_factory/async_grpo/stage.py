@@ -1,7 +1,7 @@
 """Async GRPO (``grpo_execution: async``) on TRL's AsyncGRPOTrainer — the variant of the GRPO stage.
 
 Selected when ``grpo_execution: async`` comes from the recipe or ``--grpo_execution async`` (the
-CLI wins); layered over ``configs/_defaults-AsyncGRPO.yaml`` instead of the sync defaults.
+CLI wins); layered over ``configs/_defaults-async_grpo.yaml`` instead of the sync defaults.
 Everything the topology cannot run is rejected by ``dna_factory.async_grpo.preflight`` before anything
 loads (also under ``--dry_run``).
 """
@@ -153,7 +153,7 @@ def build_trainer(ctx: StageContext):
 
 STAGE = Stage(
     name="grpo",
-    defaults="AsyncGRPO",
+    defaults="async_grpo",
     config_class=AsyncGRPOConfig,
     data_format="grpo",
     build_trainer=build_trainer,

@@ -398,7 +398,7 @@ def build_trainer(ctx: StageContext):
 
 STAGE = Stage(
     name="distill",
-    defaults="Distill",
+    defaults="distill",
     config_class=DistillationConfig,
     data_format="prompt",
     build_trainer=build_trainer,

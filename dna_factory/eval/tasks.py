@@ -32,7 +32,7 @@ from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessag
 from inspect_ai.scorer import choice, match
 from inspect_ai.solver import generate, multiple_choice
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # dna_factory/eval/tasks.py -> the checkout
 ARITH_PATH = REPO_ROOT / "data" / "tiny" / "arith_eval.jsonl"
 LARGEST_PATH = REPO_ROOT / "data" / "tiny" / "largest_eval.jsonl"
 KMMLU_PRO_DATASET = "LGAI-EXAONE/KMMLU-Pro"

@@ -1,7 +1,7 @@
 """The GRPO stage's own keys (beyond TRL's GRPOConfig) and the reward checks both GRPO variants share.
 
-Torch-free apart from TRL's config classes: the async variant (:mod:`dna_factory.async_grpo.stage`)
-builds on these too, so neither stage module imports the other's stage.
+The async variant (:mod:`dna_factory.async_grpo.stage`) builds on these too, so the sync stage
+imports the async one and never the other way round.
 """
 
 from __future__ import annotations

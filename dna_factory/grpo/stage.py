@@ -80,7 +80,7 @@ def build_trainer(ctx: StageContext) -> GRPOTrainer:
 
 STAGE = Stage(
     name="grpo",
-    defaults="GRPO",
+    defaults="grpo",
     config_class=GRPOConfig,
     data_format="grpo",
     build_trainer=build_trainer,

@@ -2,7 +2,7 @@
 
 A one-file stage lives here (``sft.py``, ``dpo.py``); a stage with helpers of its own is a wing
 (``dna_factory/grpo/``, ``dna_factory/distill/``) whose ``stage.py`` declares it. Adding a stage
-means its module, a line in :data:`STAGE_MODULES`, a ``configs/_defaults-<Stage>.yaml`` and the
+means its module, a line in :data:`STAGE_MODULES`, a ``configs/_defaults-<stage>.yaml`` and the
 three-line ``<name>.py`` entry script; the runner (``dna_factory.runner``) and the pipeline's
 ``entry:`` names (``dna_factory.pipeline_recipe.ENTRIES``) follow this table.
 """

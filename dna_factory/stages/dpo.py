@@ -16,5 +16,5 @@ def build_trainer(ctx: StageContext) -> DPOTrainer:
 
 
 STAGE = Stage(
-    name="dpo", defaults="DPO", config_class=DPOConfig, data_format="dpo", build_trainer=build_trainer
+    name="dpo", defaults="dpo", config_class=DPOConfig, data_format="dpo", build_trainer=build_trainer
 )

@@ -12,5 +12,5 @@ def build_trainer(ctx: StageContext) -> SFTTrainer:
 
 
 STAGE = Stage(
-    name="sft", defaults="SFT", config_class=SFTConfig, data_format="sft", build_trainer=build_trainer
+    name="sft", defaults="sft", config_class=SFTConfig, data_format="sft", build_trainer=build_trainer
 )

@@ -180,7 +180,7 @@ def test_every_start_of_an_unsafe_recipe_warns():
     unsafe = "[{factory: code_execution, isolation: unsafe_process}]"
     for _ in range(2):
         proc = run_cli(
-            "grpo.py", "--config", "configs/GRPO/tiny-cpu-code.yaml", "--reward_funcs", unsafe, "--dry_run"
+            "grpo.py", "--config", "configs/grpo/tiny-cpu-code.yaml", "--reward_funcs", unsafe, "--dry_run"
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "isolation: unsafe_process: model-written code runs with no sandbox boundary" in proc.stderr
@@ -201,7 +201,7 @@ def test_the_coding_agent_fails_closed_too(no_boundary):
 
 
 def test_a_recipe_without_a_boundary_is_one_error_line_under_dry_run(tmp_path):
-    proc = run_cli("grpo.py", "--config", "configs/GRPO/tiny-cpu-code.yaml", "--dry_run", PATH=str(tmp_path))
+    proc = run_cli("grpo.py", "--config", "configs/grpo/tiny-cpu-code.yaml", "--dry_run", PATH=str(tmp_path))
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "isolation: unsafe_process" in errors[0], errors[0]
