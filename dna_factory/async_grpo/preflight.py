@@ -234,10 +234,15 @@ def wait_for_server(cfg: ResolvedConfig) -> None:
     cfg.services[MAX_MODEL_LEN] = max_model_len  # the over-long-prompt filter's limit, read once
 
 
-def setup_async_training_args(cfg: ResolvedConfig) -> int | None:
-    """Run every async check before tokenizer, dataset or model load; returns the server's max_model_len."""
+def setup_async_training_args(cfg: ResolvedConfig) -> None:
+    """Every async check before tokenizer, dataset or model load.
+
+    The server half runs here under ``--dry_run`` only, like :func:`dna_factory.services.probe_services`:
+    a real run checks the server once, in :func:`wait_for_server`, after waiting for it.
+    """
     validate_async_args(cfg)
-    return validate_completion_length_against_server(cfg)
+    if cfg.get("dry_run"):
+        validate_completion_length_against_server(cfg)
 
 
 def drop_overlong_prompts(
