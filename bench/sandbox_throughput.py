@@ -16,6 +16,9 @@ its ``check(candidate)`` test, ``--workers`` at a time:
 - **dna-factory**: :func:`rewards.sandbox.run_python_async` with the tests, at the same concurrency, with
   the isolation this machine gives (``namespaces``: the bubblewrap boundary; see docs/rewards.md).
 
+Each side first runs the first ``--workers`` problems untimed (a warm-up: our side's pool of sandbox slots
+starts once per trainer process, :mod:`rewards.sandbox.pool`; a training run is in that steady state).
+
 Reported: programs/s, seconds in all, per-program p50/p95, and the share that passes (expected 100%). Results
 go to ``bench/results/sandbox_throughput.json``. Tests never assert these numbers.
 """
@@ -82,8 +85,9 @@ def bench_harness(rows: list[dict], workers: int) -> dict | None:
         result = check_correctness(row, row["canonical_solution"], timeout=10.0)
         return time.perf_counter() - start, bool(result["passed"])
 
-    start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(one, rows[:workers]))  # warm-up, untimed (as on our side)
+        start = time.perf_counter()
         outcomes = list(pool.map(one, rows))
     seconds = time.perf_counter() - start
     return _summary([o[0] for o in outcomes], seconds, sum(o[1] for o in outcomes))
@@ -102,6 +106,7 @@ async def _ours(rows: list[dict], workers: int) -> tuple[list[tuple[float, bool]
             )
             return time.perf_counter() - start, result.tests_passed == (True,)
 
+    await asyncio.gather(*(one(row) for row in rows[:workers]))  # warm-up, untimed: the pool's slots start
     start = time.perf_counter()
     outcomes = await asyncio.gather(*(one(row) for row in rows))
     isolation = "namespaces" if sandbox_isolation().namespaces else "process"

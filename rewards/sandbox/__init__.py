@@ -6,9 +6,11 @@ it to run completions against tests; an agent's "python execution" tool can use 
 
 What every run gets:
 
-- **a separate process** (``python -I``: no user site, no ``PYTHON*`` variables) started in its
-  own session, killed when the run ends; with tests, the program and the tests in two processes
-  (:mod:`rewards.sandbox.boot`), so the program cannot forge a verdict;
+- **separate processes**, killed when the run ends: inside the boundary, forked for the run from a
+  pool slot's interpreter (:mod:`rewards.sandbox.pool`, :mod:`rewards.sandbox.zygote`), in ``process``
+  mode a fresh ``python -I`` (no user site, no ``PYTHON*`` variables) in its own session; with tests,
+  the program and the tests in two processes (:mod:`rewards.sandbox.boot`), so the program cannot
+  forge a verdict;
 - **a scrubbed environment**: ``PATH``, ``HOME``/``TMPDIR``, a UTF-8 locale and single-thread math
   libraries; nothing from the caller's environment, so no API key or token is inherited;
 - **limits** (:class:`Limits`): CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS``),
@@ -22,8 +24,8 @@ What every run gets:
 Isolation is detected once per process (:func:`rewards.sandbox.isolation.sandbox_isolation`):
 
 ``namespaces``
-    The boundary (:mod:`rewards.sandbox.bwrap`): bubblewrap with every namespace new, an unprivileged
-    uid that is never the host's root, a minimal read-only root with no host files or secrets, sized
+    The boundary (:mod:`rewards.sandbox.bwrap`): bubblewrap per pool slot and fresh namespaces per run
+    (:mod:`rewards.sandbox.pool`) with every namespace new, an unprivileged uid that is never the host's root, a minimal read-only root with no host files or secrets, sized
     ``nosuid,nodev`` ``tmpfs`` mounts for the working directory ``/w``, ``/tmp`` and ``/dev/shm``
     (nothing touches the host's disk), and for a root caller cgroups that bound the run's memory and
     tasks.
@@ -46,14 +48,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import fcntl
 import functools
 import json
 import logging
 import os
 import secrets
 import signal
-import site
 import sys
 import tempfile
 import time
@@ -61,7 +61,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rewards.sandbox import bwrap
+from rewards.sandbox import bwrap, pool
 from rewards.sandbox import channel as _channel  # noqa: F401 - compiled here once: boot.py loads the bytecode
 from rewards.sandbox import seccomp as _seccomp  # noqa: F401 - the same
 from rewards.sandbox.isolation import (
@@ -73,11 +73,11 @@ from rewards.sandbox.isolation import (
 )
 from rewards.sandbox.result import (
     LIMIT_KINDS,
-    MAX_REPORT_BYTES,
     ExecutionResult,
     assemble_result,
     parse_reports,
 )
+from rewards.sandbox.streams import communicate
 from rewards.sandbox.workdir import WORKDIR_PREFIX, _remove_tree, sweep_stale_workdirs
 
 __all__ = [
@@ -115,6 +115,10 @@ _SANDBOX_ENV = {
     "MKL_NUM_THREADS": "1",
     "MALLOC_ARENA_MAX": "2",  # glibc reserves 64 MiB of address space per arena: threads would exhaust RLIMIT_AS
 }
+
+
+MAX_FILE_MB = 1 << 20
+"""The largest ``max_file_mb``: each of a run's ``tmpfs`` mounts is sized by it."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +164,11 @@ class Limits:
                 raise ValueError(
                     f"Sandbox limit {name}={value!r} is too small or not a number. Use {minimum} or more."
                 )
+        if self.max_file_mb > MAX_FILE_MB:
+            raise ValueError(
+                f"Sandbox limit max_file_mb={self.max_file_mb!r} is more than a run's mounts can have. "
+                f"Use at most {MAX_FILE_MB} (1 TiB)."
+            )
 
 
 def _kill_group(process: asyncio.subprocess.Process) -> None:
@@ -168,70 +177,6 @@ def _kill_group(process: asyncio.subprocess.Process) -> None:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
         os.killpg(process.pid, signal.SIGKILL)
-
-
-async def _communicate(
-    process: asyncio.subprocess.Process,
-    stdin: bytes | None,
-    timeout_s: float,
-    cap: int,
-    reports: asyncio.StreamReader,
-) -> tuple[bytes, bytes, bytes, bool, bool]:
-    """Feed stdin, read both streams up to ``cap`` bytes each and the result pipe while the program runs;
-    ``(stdout, stderr, reports, timed_out, overflow)``."""
-    overflow = False
-
-    async def feed() -> None:
-        assert process.stdin is not None
-        try:
-            if stdin:
-                process.stdin.write(stdin)
-                await process.stdin.drain()
-            process.stdin.close()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the program exited without reading all of its input
-
-    async def read(stream: asyncio.StreamReader | None) -> bytes:
-        nonlocal overflow
-        buffer = bytearray()
-        while stream is not None and (chunk := await stream.read(65536)):
-            room = cap - len(buffer)
-            if len(chunk) > room and not overflow:
-                overflow = True
-                _kill_group(process)
-            buffer += chunk[
-                : max(0, room)
-            ]  # past the cap: read to the end and drop (the process counts as done at EOF)
-        return bytes(buffer)
-
-    async def drain(stream: asyncio.StreamReader) -> bytes:
-        """Every report line, read as it comes (a full pipe would block the program); past the cap, discarded."""
-        buffer = bytearray()
-        while chunk := await stream.read(65536):
-            buffer += chunk[: max(0, MAX_REPORT_BYTES - len(buffer))]
-        return bytes(buffer)
-
-    out = asyncio.ensure_future(read(process.stdout))
-    err = asyncio.ensure_future(read(process.stderr))
-    result_pipe = asyncio.ensure_future(drain(reports))
-    waiter = asyncio.ensure_future(process.wait())
-    tasks = {asyncio.ensure_future(feed()), out, err, result_pipe, waiter}
-    try:
-        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
-    except asyncio.CancelledError:  # the caller gave up: the run's finally kills the process group
-        for task in tasks:
-            task.cancel()
-        raise
-    timed_out = not waiter.done()
-    if pending:
-        _kill_group(process)
-        _, pending = await asyncio.wait(pending, timeout=KILL_GRACE_S)
-        for task in pending:
-            task.cancel()
-    stdout = out.result() if out.done() and not out.cancelled() else b""
-    stderr = err.result() if err.done() and not err.cancelled() else b""
-    report_bytes = result_pipe.result() if result_pipe.done() and not result_pipe.cancelled() else b""
-    return stdout, stderr, report_bytes, timed_out, overflow
 
 
 async def run_python_async(
@@ -286,133 +231,108 @@ async def run_python_async(
         found = await asyncio.to_thread(sandbox_isolation)
         isolation = "namespaces" if found.namespaces else "process"
     namespaces = isolation == "namespaces"
-    if namespaces and (missing := bwrap.missing_tools()) is not None:
-        return ExecutionResult(None, sandbox_error=missing, isolation=isolation)
     start = time.perf_counter()
     stdin_bytes = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
-    cgroups = bwrap.Cgroups.make(limits.memory_mb, bwrap.CGROUP_TASKS) if namespaces else bwrap.Cgroups()
-    workdir = bwrap.WORKDIR if namespaces else tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
-    read_fd, write_fd = os.pipe()
-    memfds: list[int] = []
+    nonce = secrets.token_hex(16)
+    config = {  # what the program's process may see
+        "program": code,
+        "testing": tests is not None,
+        "limits": asdict(limits),
+        "namespaces": namespaces,
+        "seccomp": seccomp,
+        "site_packages": pool._site_packages(),
+    }
+    verdict = {"nonce": nonce, "tests": list(tests) if tests is not None else None}  # the tests' process only
+    if namespaces:
+        env = {**_SANDBOX_ENV, "HOME": bwrap.WORKDIR, "TMPDIR": "/tmp"}
+        try:
+            outcome = await pool.run(
+                config,
+                json.dumps(verdict),
+                stdin_bytes,
+                timeout_s,
+                limits.memory_mb,
+                limits.max_file_mb,
+                limits.max_output_bytes,
+                env,
+            )
+        except pool.SlotError as exc:
+            return ExecutionResult(None, sandbox_error=str(exc), isolation=isolation)
+    else:
+        outcome = await _run_process(config, verdict, stdin_bytes, timeout_s, limits)
+        if isinstance(outcome, ExecutionResult):
+            return outcome
+    reports = parse_reports(outcome.reports, nonce)
+    if outcome.oom_killed:
+        reports.append(("limit", "memory"))
+    return assemble_result(
+        reports,
+        outcome.returncode,
+        outcome.stdout,
+        outcome.stderr,
+        outcome.timed_out,
+        outcome.overflow,
+        len(verdict["tests"]) if tests is not None else None,
+        limits.cpu_s,
+        namespaces,
+        start,
+    )
+
+
+async def _run_process(
+    config: dict, verdict: dict, stdin: bytes | None, timeout_s: float, limits: Limits
+) -> pool.Outcome | ExecutionResult:
+    """A run as a plain process (``isolation="process"``) in a private working directory on the host."""
+    workdir = tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-")
+    files = {
+        "main.py": config["program"],
+        ".sandbox.json": json.dumps(config),
+        ".verdict.json": json.dumps(verdict),
+    }
+    for name, text in files.items():
+        Path(workdir, name).write_bytes(text.encode("utf-8", "replace"))
+    # -S: no site processing (scanning every dist's .pth costs ~50 ms a run); boot.py puts site-packages
+    # on sys.path itself, so a program can still import the virtualenv's packages.
+    argv = [sys.executable, "-I", "-S", "-B", "-X", "utf8", str(BOOT_SCRIPT), f"{workdir}/.sandbox.json"]
+    pipes = [os.pipe() for _ in range(4)]  # stdin, stdout, stderr, result
+    (stdin_read, stdin_write), (out_read, out_write), (err_read, err_write), (result_read, result_write) = (
+        pipes
+    )
     process: asyncio.subprocess.Process | None = None
-    result_transport: asyncio.ReadTransport | None = None
     try:
-        nonce = secrets.token_hex(16)
-        config = {  # what the program's process may see
-            "program": code,
-            "testing": tests is not None,
-            "limits": asdict(limits),
-            "namespaces": namespaces,
-            "seccomp": seccomp,
-            "tasks_cgroup": cgroups.pids is not None,
-            "memory_cgroup": cgroups.memory is not None,
-            "site_packages": _site_packages(),
-        }
-        verdict = {
-            "nonce": nonce,
-            "tests": list(tests) if tests is not None else None,
-        }  # the tests' process only
-        files = {"main.py": code, ".sandbox.json": json.dumps(config), ".verdict.json": json.dumps(verdict)}
-        # -S: no site processing (scanning every dist's .pth costs ~50 ms a run); boot.py puts site-packages
-        # on sys.path itself, so a program can still import the virtualenv's packages.
-        argv = [
-            sys.executable,
-            "-I",
-            "-S",
-            "-B",
-            "-X",
-            "utf8",
-            str(BOOT_SCRIPT),
-            f"{workdir}/.sandbox.json",
-            str(write_fd),
-        ]
-        env = {**_SANDBOX_ENV, "HOME": workdir, "TMPDIR": "/tmp" if namespaces else workdir}
-        if namespaces:  # the files go in from memfds: nothing of the run touches the host's disk
-            fds = {name: _memfd(name, text) for name, text in files.items()}
-            memfds = list(fds.values())
-            bwrap.ensure_stage()
-            command = bwrap.command(argv, fds, limits.max_file_mb, env, cgroups)
-            env, cwd = bwrap.launcher_env(cgroups), "/"
-        else:
-            for name, text in files.items():
-                Path(workdir, name).write_bytes(text.encode("utf-8", "replace"))
-            command, cwd = argv, workdir
         try:
             process = await asyncio.create_subprocess_exec(
-                *command,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=cwd,
-                env=env,
-                pass_fds=(write_fd, *memfds),
+                *argv,
+                str(result_write),
+                stdin=stdin_read,
+                stdout=out_write,
+                stderr=err_write,
+                cwd=workdir,
+                env={**_SANDBOX_ENV, "HOME": workdir, "TMPDIR": workdir},
+                pass_fds=(result_write,),
                 start_new_session=True,
             )
         except OSError as exc:
-            return ExecutionResult(
-                None, sandbox_error=f"cannot start {command[0]}: {exc}", isolation=isolation
-            )
-        finally:
-            os.close(write_fd)
-            for fd in memfds:
+            for fd in (stdin_write, out_read, err_read, result_read):
                 os.close(fd)
-        reader = asyncio.StreamReader()
-        pipe = os.fdopen(read_fd, "rb", buffering=0)  # the transport owns (and closes) the read end from here
-        read_fd = None
-        result_transport, _ = await asyncio.get_running_loop().connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), pipe
+            return ExecutionResult(None, sandbox_error=f"cannot start {argv[0]}: {exc}", isolation="process")
+        finally:
+            for fd in (stdin_read, out_write, err_write, result_write):
+                os.close(fd)
+        stdout, stderr, reports, timed_out, overflow, returncode = await communicate(
+            [stdin_write, out_read, err_read, result_read],
+            stdin,
+            timeout_s,
+            limits.max_output_bytes,
+            process.wait,
+            functools.partial(_kill_group, process),
+            KILL_GRACE_S,
         )
-        stdout, stderr, report_bytes, timed_out, overflow = await _communicate(
-            process, stdin_bytes, timeout_s, limits.max_output_bytes, reader
-        )
-        reports = parse_reports(report_bytes, nonce)
-        if cgroups.oom_killed():
-            reports.append(("limit", "memory"))
-        n_tests = len(verdict["tests"]) if tests is not None else None
-        return assemble_result(
-            reports,
-            process.returncode,
-            stdout,
-            stderr,
-            timed_out,
-            overflow,
-            n_tests,
-            limits.cpu_s,
-            namespaces,
-            start,
-        )
+        return pool.Outcome(returncode, stdout, stderr, reports, timed_out, overflow)
     finally:
         if process is not None:
             _kill_group(process)
-        if result_transport is not None:
-            result_transport.close()
-        if read_fd is not None:
-            os.close(read_fd)
-        cgroups.remove()
-        if not namespaces:
-            _remove_tree(workdir)
-
-
-@functools.cache
-def _site_packages() -> list[str]:
-    """This interpreter's (or virtualenv's) ``site-packages``: the sandbox runs ``python -S`` and adds them itself."""
-    return [path for path in site.getsitepackages() if os.path.isdir(path)]
-
-
-def _memfd(name: str, text: str) -> int:
-    """A sealed memfd holding ``text`` (UTF-8), positioned at its start, for ``bwrap --file``."""
-    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    data = text.encode("utf-8", "replace")  # a lone surrogate in the program: '?' in the copy for tracebacks
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-    fcntl.fcntl(
-        fd,
-        fcntl.F_ADD_SEALS,
-        fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE,
-    )
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
+        _remove_tree(workdir)
 
 
 def run_python(

@@ -33,6 +33,7 @@ Example (what :mod:`rewards.sandbox` runs; not meant to be started by hand)::
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import contextlib
 import ctypes
@@ -138,7 +139,7 @@ def _check(result: int, what: str) -> None:
         raise OSError(code, f"{what}: {os.strerror(code)}")
 
 
-def _set_limits(limits: dict, bounded_tasks: bool) -> None:
+def _set_limits(limits: dict, bounded_tasks: bool, slot_tasks: int = 0) -> None:
     cpu = max(1, int(limits["cpu_s"] + 0.999))
     memory = int(limits["memory_mb"]) * 1024 * 1024
     files = int(limits["max_file_mb"]) * 1024 * 1024
@@ -152,38 +153,49 @@ def _set_limits(limits: dict, bounded_tasks: bool) -> None:
     if limits["max_processes"] > 1:
         # Counts threads too, and only for a non-root user: with one process allowed, the seccomp
         # filter forbids new processes instead, and threads stay free.
-        settings.append(("RLIMIT_NPROC", int(limits["max_processes"]), int(limits["max_processes"])))
+        tasks = int(limits["max_processes"]) + slot_tasks
+        settings.append(("RLIMIT_NPROC", tasks, tasks))
     elif bounded_tasks:
         # Inside the boundary the uid is never host root, so the kernel enforces this: it caps the run's
         # threads (a raw-clone thread costs ~17 KiB, and without a bound they exhaust the host's PIDs).
-        settings.append(("RLIMIT_NPROC", _MAX_TASKS, _MAX_TASKS))
+        settings.append(("RLIMIT_NPROC", _MAX_TASKS + slot_tasks, _MAX_TASKS + slot_tasks))
     for name, soft, hard in settings:
         resource.setrlimit(getattr(resource, name), (soft, hard))
 
 
 def _drop_capabilities(libc: ctypes.CDLL) -> None:
-    """Empty the bounding set and the effective, permitted and inheritable sets."""
-    try:
-        with open("/proc/sys/kernel/cap_last_cap") as handle:
-            last = int(handle.read())
-    except OSError:
-        last = 40
-    for cap in range(last + 1):
-        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL for caps this kernel lacks: fine
+    """Empty the bounding set (while ``CAP_SETPCAP`` allows it) and the effective, permitted and inheritable sets.
+
+    Needed as root, and inside a pool slot (:mod:`rewards.sandbox.zygote`), whose processes hold
+    ``CAP_SYS_ADMIN`` and ``CAP_SETPCAP`` in the slot's user namespace until its run drops them here. Each
+    capability is dropped until the kernel answers ``EINVAL`` (past its last one); no ``/proc`` is read.
+    """
+    for cap in range(64):
+        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == errno.EINVAL:
+            break  # EPERM (no CAP_SETPCAP: nothing to drop there, e.g. a non-root caller): keep going
     header = struct.pack("Ii", _CAPABILITY_VERSION_3, 0)
     data = bytes(24)  # two {effective, permitted, inheritable} u32 triples, all zero
     _check(libc.capset(header, data), "capset")
+
+
+def _has_capabilities(libc: ctypes.CDLL) -> bool:
+    """Whether this process holds any effective, permitted or inheritable capability (``capget``)."""
+    header = ctypes.create_string_buffer(struct.pack("Ii", _CAPABILITY_VERSION_3, 0), 8)
+    data = ctypes.create_string_buffer(24)
+    _check(libc.capget(header, data), "capget")
+    return any(data.raw)
 
 
 def confine(config: dict, protections: list[str]) -> None:
     """Limits, no privileges, the seccomp filter: everything the child does before the program."""
     libc = _libc()
     _check(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
-    _set_limits(config["limits"], bounded_tasks=config["namespaces"])
+    # in a pool slot the zygote and the run's first process share the uid (rewards/sandbox/zygote.py)
+    _set_limits(config["limits"], bounded_tasks=config["namespaces"], slot_tasks=config.get("slot_tasks", 0))
     protections.append("rlimits")
     _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
     protections.append("no_new_privs")
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 or _has_capabilities(libc):
         _drop_capabilities(libc)
         protections.append("no_capabilities")
     allow_processes = config["limits"]["max_processes"] > 1
@@ -448,7 +460,31 @@ def _start_tests(
     sys.exit(tests_side(tests, channel, requests, answers))
 
 
+def exit_as_interpreter(exc: SystemExit) -> None:
+    """End a process forked without ``exec`` (a pool slot's, :mod:`rewards.sandbox.zygote`) the way an interpreter
+    ends on ``SystemExit``: join non-daemon threads, run ``atexit`` handlers, flush stdio, exit with the same
+    status (``None`` 0, an int itself, anything else printed to stderr and 1); never returns."""
+    code = exc.code
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code & 0xFF
+    else:
+        with contextlib.suppress(Exception):
+            print(code, file=sys.stderr)
+        status = 1
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # what Py_FinalizeEx does first: wait for the program's non-daemon threads
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    os._exit(status)
+
+
 def main(argv: list[str]) -> None:
+    """One run started as its own interpreter: the config and verdict files in ``/w``, the result pipe's fd."""
     config_path, result_fd = argv[1], int(argv[2])
     _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # die with whoever started the run
     with open(config_path, encoding="utf-8") as handle:
@@ -458,6 +494,12 @@ def main(argv: list[str]) -> None:
     verdict_fd = os.open(verdict_path, os.O_RDONLY)
     os.unlink(config_path)
     os.unlink(verdict_path)
+    run(config, verdict_fd, result_fd)
+
+
+def run(config: dict, verdict_fd: int, result_fd: int) -> None:
+    """Steps 2 to 5 (module docstring) for one run; never returns. ``verdict_fd`` is read only after the
+    program's process is forked; :mod:`rewards.sandbox.zygote` calls this as a pool slot's run."""
     protections = [name for name in ("memory_cgroup", "tasks_cgroup") if config.get(name)]
     try:
         _check(_libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")

@@ -1,28 +1,27 @@
 """The isolation boundary of the code sandbox: bubblewrap, plus a cgroup and a dedicated uid when run as root.
 
-Each run starts ``boot.py`` inside a fresh `bubblewrap <https://github.com/containers/bubblewrap>`_ (``bwrap``
-0.8 or newer, the engine Flatpak uses; Debian/Ubuntu ``apt-get install bubblewrap``, Fedora ``dnf install
-bubblewrap``) with:
+Each pool slot (:mod:`rewards.sandbox.pool`) runs its zygote (:mod:`rewards.sandbox.zygote`) inside one
+`bubblewrap <https://github.com/containers/bubblewrap>`_ (``bwrap`` 0.8 or newer, the engine Flatpak uses;
+Debian/Ubuntu ``apt-get install bubblewrap``, Fedora ``dnf install bubblewrap``), :func:`slot_command`:
 
 - **every namespace new**: user, mount, PID, network, IPC, UTS and cgroup (``--unshare-all``), no nested user
-  namespaces (``--disable-userns``), a new session, ``--die-with-parent``, every capability dropped, and
-  ``boot.py`` as PID 1 of its namespace (``--as-pid-1``: no helper process of the same uid to ``ptrace`` or read);
+  namespaces (``--disable-userns``), a new session, ``--die-with-parent``, the zygote as PID 1 of its namespace
+  (``--as-pid-1``), and of all capabilities only ``CAP_SYS_ADMIN`` and ``CAP_SETPCAP`` in the slot's own user
+  namespace, which every run drops before its program starts;
 - **a minimal root**: an empty ``tmpfs`` with read-only binds of ``/usr``, the interpreter's prefix, the
   virtualenv and this directory only (no ``/etc``, no ``/home``, no ``/root`` contents, no ``/sys``); a ``/dev``
   of ``null``/``zero``/``full``/``random``/``urandom``/``tty`` remounted read-only (no host device node);
-- **size-limited writable mounts**, all ``nosuid,nodev``: the working directory ``/w``, ``/tmp`` and
-  ``/dev/shm``, each a ``tmpfs`` of ``max_file_mb``; the run's files are copied in from sealed memfds, so
-  nothing of the run exists on the host's disk and nothing is left to clean;
+- mount points ``/w``, ``/tmp`` and ``/dev/shm``, where every run mounts its own sized ``tmpfs``;
 - an empty environment for ``bwrap`` itself, and the sandbox's own variables for the program.
 
 As root, ``bwrap`` would map the program's uid onto host uid 0. So a root caller starts it through
 :data:`LAUNCHER` (util-linux ``unshare``, ``mount``, ``setpriv``): in a private mount namespace it binds the
-paths above into a world-readable staging ``tmpfs`` (the interpreter may live under a 0700 ``/root``), joins the
-run's cgroups, and drops to :data:`SANDBOX_UID` before ``bwrap`` runs. The cgroups (:class:`Cgroups`) bound
-memory (``memory.max``, or v1 ``memory.limit_in_bytes``; this counts memfd, SysV and ``tmpfs`` pages and
-inodes, which ``RLIMIT_AS`` misses) and tasks (``pids.max``; threads count) of the whole run. A caller that is
-not root uses its own uid (mapped to 65534 inside) and gets no cgroup unless one is delegated to it; the
-seccomp filter then refuses ``memfd_create``, ``shmget`` and ``msgget``, and ``RLIMIT_NPROC`` bounds tasks.
+paths above into a world-readable staging ``tmpfs`` (the interpreter may live under a 0700 ``/root``) and drops
+to the slot's own uid before ``bwrap`` runs. Each run's cgroups (:class:`Cgroups`) bound memory
+(``memory.max``, or v1 ``memory.limit_in_bytes``; this counts memfd, SysV and ``tmpfs`` pages and inodes, which
+``RLIMIT_AS`` misses) and tasks (``pids.max``; threads count) of the whole run. A caller that is not root uses
+its own uid (mapped to 65534 inside) and gets no cgroup unless one is delegated to it; the seccomp filter then
+refuses ``memfd_create``, ``shmget`` and ``msgget``, and ``RLIMIT_NPROC`` bounds tasks.
 
 Example:
     >>> bwrap_version() is None or bwrap_version() >= (0, 8)
@@ -49,10 +48,8 @@ logger = logging.getLogger(__name__)
 MIN_VERSION = (0, 8)
 """``--disable-userns`` and ``--size`` (0.8.0, Debian 12 and Ubuntu 24.04)."""
 SANDBOX_UID = 0x6D6E_0000
-"""The first host uid (and gid) a root caller's runs use: unprivileged, owning no file, high above any subuid
-range. Each run takes the next of :data:`SANDBOX_UIDS` in turn, so per-user kernel counters (inotify
-instances, message queues, pipe buffers) are not shared between runs that overlap."""
-SANDBOX_UIDS = 4096
+"""The first host uid (and gid) of a root caller's sandboxes: unprivileged, owning no file, high above any subuid
+range (pool slot *i* runs as ``SANDBOX_UID + 4096 + i``, :data:`rewards.sandbox.pool.SLOT_UID`)."""
 WORKDIR = "/w"
 """The working directory inside the sandbox."""
 STAGE = "/run/dna-sandbox-stage"
@@ -66,13 +63,11 @@ stage=$1; shift; n=0
 mount -t tmpfs -o size=1m,mode=755,nosuid,nodev tmpfs "$stage"
 while [ "$1" != -- ]; do mkdir "$stage/$n"; mount --bind -o ro "$1" "$stage/$n"; n=$((n+1)); shift; done
 shift
-for procs in $CGROUP_PROCS; do echo $$ > "$procs"; done
 exec setpriv --reuid=$SANDBOX_UID --regid=$SANDBOX_UID --clear-groups --inh-caps=-all "$@"
 """
 """The root caller's step before ``bwrap`` (run by ``unshare --mount --propagation private sh -c``)."""
 
 _counter = itertools.count()
-_uids = itertools.count()
 
 
 @functools.cache
@@ -103,8 +98,10 @@ def missing_tools() -> str | None:
     return None
 
 
+@functools.cache
 def _cgroup_roots() -> dict[str, Path]:
-    """Where this process's memory and pids cgroups are, per controller, when it may create children there."""
+    """Where this process's memory and pids cgroups are, per controller, when it may create children there
+    (found once per process)."""
     roots: dict[str, Path] = {}
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
@@ -187,6 +184,36 @@ class Cgroups:
                     return int(found[1]) > 0
         return False
 
+    def limit(self, memory_mb: int) -> None:
+        """Set the memory limit to ``memory_mb`` plus :data:`CGROUP_SLACK_MB` (a run's own, on cgroups made ahead)."""
+        if self.memory is None:
+            return
+        limit = str((memory_mb + CGROUP_SLACK_MB) << 20)
+        if (self.memory / "memory.max").exists():
+            (self.memory / "memory.max").write_text(limit)
+            return
+        # v1: memory+swap may never be below memory; write in the order that keeps that true
+        names = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
+        for name in names if int((self.memory / names[0]).read_text()) > int(limit) else names[::-1]:
+            with contextlib.suppress(FileNotFoundError):
+                (self.memory / name).write_text(limit)
+
+    def join(self, pid: int) -> None:
+        """Move process ``pid`` (a host pid) into the run's cgroups."""
+        for procs in self.procs:
+            Path(procs).write_text(str(pid))
+
+    def kill(self) -> None:
+        """SIGKILL every process in the run's cgroups (``cgroup.kill`` where v2 has it); never raises."""
+        for path in self.made:
+            with contextlib.suppress(OSError):
+                (path / "cgroup.kill").write_text("1")
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                for pid in (path / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(OSError):
+                        os.kill(int(pid), 9)
+
     def remove(self) -> None:
         """Kill what is left in the run's cgroups and remove them; never raises."""
         for path in reversed(self.made):
@@ -239,22 +266,12 @@ def _binds() -> list[str]:
     return unique
 
 
-def command(
-    argv: list[str], files: dict[str, int], max_file_mb: int, env: dict[str, str], cgroups: Cgroups
-) -> list[str]:
-    """The full command line that runs ``argv`` (an interpreter and its arguments) inside the boundary.
-
-    Args:
-        argv: What runs inside, e.g. ``[sys.executable, "-I", ..., "/w/.sandbox.json", "5"]``.
-        files: ``{name: fd}``: memfds copied to ``/w/<name>`` (``bwrap --file``); pass the fds through.
-        max_file_mb: Size of each writable ``tmpfs`` (``/w``, ``/tmp``, ``/dev/shm``).
-        env: The program's environment.
-        cgroups: The run's cgroups (root only).
-    """
-    size = str(max(1, max_file_mb) << 20)
+def slot_command(argv: list[str], env: dict[str, str]) -> list[str]:
+    """The command line of a pool slot (:mod:`rewards.sandbox.pool`): ``argv`` (the zygote) inside a boundary
+    that every run then narrows (fresh mount, PID, IPC, UTS and cgroup namespaces and ``tmpfs`` mounts)."""
+    size = str(1 << 20)  # the mount points' own tmpfs: every run mounts its own over them
     binds = _binds()
-    root = os.geteuid() == 0
-    sources = [f"{STAGE}/{i}" for i in range(len(binds))] if root else binds
+    sources = [f"{STAGE}/{i}" for i in range(len(binds))] if os.geteuid() == 0 else binds
     inner = [
         "bwrap",
         "--unshare-all",
@@ -265,15 +282,11 @@ def command(
         "--gid",
         "65534",
     ]
-    inner += [
-        "--hostname",
-        "sandbox",
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--as-pid-1",
-    ]
+    inner += ["--hostname", "sandbox", "--die-with-parent", "--new-session", "--as-pid-1"]
+    # A slot's zygote builds each run's namespaces and drops the bounding set: it keeps these two (in the slot's
+    # own user namespace; one capability per flag, bwrap 0.8 ignores a list). Every run drops them before the
+    # program starts (rewards/sandbox/zygote.py).
+    inner += ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"]
     inner += ["--tmpfs", "/", "--ro-bind", "/usr", "/usr"]
     for link in ("lib", "lib64", "bin", "sbin"):
         if os.path.islink(f"/{link}") or not os.path.exists(f"/{link}"):
@@ -297,13 +310,11 @@ def command(
     # after the tmpfs mounts: an interpreter, venv or checkout under /tmp would be hidden under the empty /tmp
     for source, target in zip(sources, binds, strict=True):
         inner += ["--ro-bind", source, target]
-    for name, fd in files.items():
-        inner += ["--file", str(fd), f"{WORKDIR}/{name}"]
     inner += ["--chdir", WORKDIR, "--remount-ro", "/", "--clearenv"]
     for key, value in env.items():
         inner += ["--setenv", key, value]
     inner += ["--", *argv]
-    if not root:
+    if os.geteuid() != 0:
         return inner
     launcher = [
         "unshare",
@@ -315,21 +326,18 @@ def command(
         LAUNCHER,
         "sh",
         STAGE,
-        *binds,
+        *_binds(),
         "--",
     ]
     return [*launcher, *inner]
 
 
-def launcher_env(cgroups: Cgroups) -> dict[str, str]:
-    """The environment of the root launcher (``bwrap`` itself gets none of the caller's)."""
+def launcher_env(uid: int) -> dict[str, str]:
+    """The environment of the root launcher, which runs ``bwrap`` as host ``uid`` (``bwrap`` itself gets none of
+    the caller's)."""
     if os.geteuid() != 0:
         return {}
-    return {
-        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-        "SANDBOX_UID": str(SANDBOX_UID + next(_uids) % SANDBOX_UIDS),
-        "CGROUP_PROCS": " ".join(cgroups.procs),
-    }
+    return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SANDBOX_UID": str(uid)}
 
 
 def ensure_stage() -> None:

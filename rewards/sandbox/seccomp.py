@@ -26,6 +26,8 @@ import struct
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 
 _CLONE_THREAD = 0x00010000
+_CLONE_NEW_ANY = 0x7E020000
+"""Every ``CLONE_NEW*`` flag (NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET)."""
 
 # seccomp return values and classic-BPF opcodes.
 _RET_ALLOW, _RET_ERRNO, _RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
@@ -133,6 +135,16 @@ def program(
         rules += [("clone", thread_only), ("clone3", [deny(errno.ENOSYS)])]
         # No new program either (it would also make the process dumpable again).
         rules += [("execve", [deny(errno.EPERM)]), ("execveat", [deny(errno.EPERM)])]
+    else:
+        # New processes, never new namespaces (the kernel refuses most without capabilities anyway; this holds
+        # even where it would not). clone3's flags sit in memory a filter cannot read: ENOSYS, glibc uses clone.
+        no_namespaces = [
+            (_LD_ABS, 0, 0, _OFFSET_ARG0),
+            (_JSET, 0, 1, _CLONE_NEW_ANY),
+            deny(errno.EPERM),
+            allow,
+        ]
+        rules += [("clone", no_namespaces), ("clone3", [deny(errno.ENOSYS)])]
     rules.append(("socket", [deny(errno.EACCES)]))
     for name in _SELF_ONLY:
         targets = (own_pid,) if name in ("tgkill", "rt_tgsigqueueinfo", "tkill") else (0, own_pid)

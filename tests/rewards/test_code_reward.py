@@ -7,6 +7,7 @@ works, ``process`` always); each must be contained, score 0 and leave no process
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import doctest
 import errno
 import gzip
@@ -44,15 +45,17 @@ from rewards.sandbox import channel as channel_module
 from rewards.sandbox import isolation as isolation_module
 from rewards.sandbox import result as result_module
 from rewards.sandbox import seccomp as seccomp_module
+from rewards.sandbox.pool import close_pool
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = Limits(cpu_s=1, memory_mb=512, max_output_bytes=20_000)
 MODES = ["process", *(["namespaces"] if sandbox_isolation().namespaces else [])]
 
 
-def _sandbox_processes(sessions: bool = False) -> list[str]:
-    """Command lines of live processes started by the sandbox (with ``sessions``, their session ids: one per run)."""
-    found = []
+def _sandbox_processes() -> dict[int, tuple[int, bytes]]:
+    """``{pid: (parent pid, cmdline)}`` of the live processes the sandbox started (a one-shot run's ``boot.py``,
+    a pool slot's zygote and every process a run forks from it)."""
+    found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -61,16 +64,33 @@ def _sandbox_processes(sessions: bool = False) -> list[str]:
             stat = Path("/proc", entry, "stat").read_text()
         except OSError:
             continue
-        state, _, _, session = stat.rsplit(")", 1)[1].split()[:4]
-        if b"sandbox/boot.py" not in cmdline or state == "Z":
-            continue
-        if not sessions:
-            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
-        elif os.path.basename(cmdline.split(b"\0")[0]).startswith(
-            b"python"
-        ):  # the interpreter, not its launcher
-            found.append(session)
+        state, parent = stat.rsplit(")", 1)[1].split()[:2]
+        if state != "Z" and (b"sandbox/boot.py" in cmdline or b"sandbox/zygote.py" in cmdline):
+            found[int(entry)] = (int(parent), cmdline)
     return found
+
+
+def _runs() -> set[int]:
+    """One id per run in progress: a one-shot interpreter's session (process mode), or, in a pool slot, the run's
+    PID 1 once it has forked the program (zygote -> C -> PID 1 -> program and tests; an idle slot keeps its next
+    C and PID 1 waiting)."""
+    processes = {  # the interpreters, not their launcher or bwrap
+        pid: (parent, cmdline)
+        for pid, (parent, cmdline) in _sandbox_processes().items()
+        if os.path.basename(cmdline.split(b"\0")[0]).startswith(b"python")
+    }
+
+    def depth(pid: int) -> int:
+        return 0 if processes[pid][0] not in processes else 1 + depth(processes[pid][0])
+
+    runs = set()
+    for pid, (parent, cmdline) in processes.items():
+        if b"sandbox/boot.py" in cmdline:
+            with contextlib.suppress(OSError):
+                runs.add(os.getsid(pid))
+        elif depth(pid) == 3:
+            runs.add(parent)
+    return runs
 
 
 @pytest.fixture(autouse=True)
@@ -79,7 +99,9 @@ def no_leftovers():
     before = set(Path(tempfile.gettempdir()).glob("dna-sandbox-*"))
     cgroups = set(bwrap.leftover_cgroups())
     yield
-    assert _sandbox_processes() == []
+    assert _wait_for(lambda: not _runs()), _sandbox_processes()  # idle slots may stay; no run may
+    close_pool()
+    assert _sandbox_processes() == {}
     assert set(Path(tempfile.gettempdir()).glob("dna-sandbox-*")) <= before
     assert set(bwrap.leftover_cgroups()) <= cgroups
 
@@ -365,6 +387,11 @@ def _wait_for(condition, deadline_s: float = 20.0) -> bool:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_sandbox_dies_with_a_killed_caller(mode):
+    close_pool()  # this process's own idle slots (their next run's processes are forked as they get ready)
+
+    def callers() -> set[int]:
+        return set(_sandbox_processes())
+
     caller = subprocess.Popen(
         [
             sys.executable,
@@ -375,11 +402,11 @@ def test_sandbox_dies_with_a_killed_caller(mode):
         cwd=REPO,
     )
     try:
-        assert _wait_for(lambda: bool(_sandbox_processes()))
+        assert _wait_for(lambda: bool(_runs()))  # the run itself, not only its slot starting
     finally:
         caller.kill()
         caller.wait()
-    assert _wait_for(lambda: not _sandbox_processes())
+    assert _wait_for(lambda: not callers()), _sandbox_processes()
     # The killed caller could not delete its directory (process mode) or its cgroups (as root, in the
     # boundary); the next sweep does, and the fixture checks.
     expected = 1 if mode == "process" else len(bwrap.leftover_cgroups())
@@ -467,7 +494,7 @@ def test_concurrency_is_bounded():
 
     def watch():
         while not stop.is_set():
-            seen.append(len(set(_sandbox_processes(sessions=True))))
+            seen.append(len(_runs()))
             time.sleep(0.01)
 
     watcher = threading.Thread(target=watch)

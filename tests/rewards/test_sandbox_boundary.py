@@ -67,11 +67,12 @@ def _interpreter_uids(stop: threading.Event, seen: set[int]) -> None:
         for entry in os.listdir("/proc"):
             try:
                 argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0") if entry.isdigit() else []
-                # the interpreter only: its launcher (unshare, sh, setpriv) is root until it drops the uid
+                # the interpreter only (a pool slot's zygote and every run it forks, or a one-shot boot.py): its
+                # launcher (unshare, sh, setpriv) is root until it drops the uid
                 if (
                     argv
                     and os.path.basename(argv[0]).startswith(b"python")
-                    and b"sandbox/boot.py" in argv[-4]
+                    and any(arg.endswith((b"sandbox/zygote.py", b"sandbox/boot.py")) for arg in argv)
                 ):
                     status = Path("/proc", entry, "status").read_text()
                     seen.add(int(status.split("Uid:")[1].split()[0]))

@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -45,17 +46,24 @@ pytestmark = [
 
 
 def _processes_of(uid: int) -> set[int]:
+    """Live processes of ``uid`` (a zombie holds nothing but its pid, and this container's init reaps late)."""
     found = set()
     for entry in os.listdir("/proc"):
         try:
-            if (
-                entry.isdigit()
-                and int(Path("/proc", entry, "status").read_text().split("Uid:")[1].split()[0]) == uid
-            ):
+            status = Path("/proc", entry, "status").read_text() if entry.isdigit() else ""
+            if status and int(status.split("Uid:")[1].split()[0]) == uid and "State:\tZ" not in status:
                 found.add(int(entry))
         except (OSError, IndexError, ValueError):
             continue
     return found
+
+
+def _left_of(uid: int, before: set[int], deadline_s: float = 10.0) -> set[int]:
+    """Processes of ``uid`` not in ``before``, once the caller's slots had ``deadline_s`` to die with it."""
+    end = time.monotonic() + deadline_s
+    while (left := _processes_of(uid) - before) and time.monotonic() < end:
+        time.sleep(0.05)
+    return left
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +108,7 @@ def caller():
 
         run.home, run.secret = home, secret
         yield run
-        left = _processes_of(NOBODY) - before
+        left = _left_of(NOBODY, before)
         assert not left, f"processes of uid {NOBODY} left behind: {sorted(left)}"
     finally:
         shutil.rmtree(stage, ignore_errors=True)

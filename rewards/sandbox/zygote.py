@@ -1,0 +1,211 @@
+"""A pool slot's zygote: one long-lived interpreter inside the boundary that forks a fresh sandbox per run.
+
+:mod:`rewards.sandbox.pool` starts ``python -I -S -B -X utf8 zygote.py CONTROL_FD`` inside one ``bwrap`` per slot
+(:func:`rewards.sandbox.bwrap.slot_command`): every namespace new, no nested user namespaces (``--disable-userns``),
+uid 65534, and the capabilities ``CAP_SYS_ADMIN`` and ``CAP_SETPCAP`` *in the slot's own user namespace*, which
+are what building a run's namespaces and dropping the bounding set need. It imports :mod:`~rewards.sandbox.boot`
+once, so a run costs a ``fork``, not an interpreter start (that is the pool's whole point).
+
+The zygote receives nothing at all: it forks one process ahead of each run and reports how it ended. The
+run's descriptors (its stdin/stdout/stderr pipes, its result pipe, and two sealed memfds: the program's config
+and the verdict) go straight to the run's own PID 1 (``SCM_RIGHTS`` on ``CONTROL_FD``, a ``SOCK_SEQPACKET``
+socket). So no program, test or nonce is ever in the zygote's memory, and nothing of one run is in the next
+run's copy of it. Per run:
+
+1. **C** (forked ahead of the run) says ``P`` on the control socket. The host reads C's host pid from the
+   message's credentials (``SO_PASSCRED``), moves C into the next run's fresh cgroups (root), keeps a pidfd on
+   it, and answers ``G``.
+2. C unshares a PID namespace and forks the run's **PID 1**, which dies with C (``PR_SET_PDEATHSIG``, checked
+   against a pipe only C holds), unshares mount, IPC, UTS and cgroup namespaces (the network namespace is the
+   slot's own: it has only a loopback device, and the seccomp filter refuses ``socket()``), makes every mount
+   private, and waits for the run. C closes everything and waits for PID 1.
+3. The run arrives: PID 1 moves its six descriptors to 0..5 and closes every other one (the control socket
+   included), mounts fresh ``nosuid,nodev`` ``tmpfs`` for ``/w``, ``/tmp`` and ``/dev/shm`` (bounded in size and
+   inodes), drops every capability and the bounding set, writes ``/w/main.py`` (for tracebacks), and becomes
+   the supervisor of :func:`rewards.sandbox.boot.run`: the program's process and the tests' process, as in a
+   one-shot run. When it exits, the kernel kills whatever is left in its PID namespace.
+4. C exits as PID 1 did; the zygote reaps it (and any orphan) and sends ``D`` and C's exit status, then forks
+   the next C.
+
+Not meant to be started by hand.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import gc
+import importlib
+import importlib.util
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+
+
+def _load_boot():  # noqa: ANN202 - a module loaded by path, as boot.py loads its siblings
+    spec = importlib.util.spec_from_file_location(
+        "_dna_sandbox_boot", os.path.join(os.path.dirname(__file__), "boot.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+boot = _load_boot()
+
+PRELOAD = (
+    "bisect",
+    "collections",
+    "copy",
+    "dataclasses",
+    "fractions",
+    "functools",
+    "hashlib",
+    "heapq",
+    "itertools",
+    "math",
+    "random",
+    "re",
+    "statistics",
+    "string",
+    "typing",
+)
+"""Standard-library modules imported once here, so a run's ``import typing`` (15 ms) costs nothing, as in a
+harness that forks its workers from a warm interpreter. Each run gets a pristine copy (``fork``); ``random``
+reseeds itself in every forked process (``os.register_at_fork``)."""
+
+REQUEST = struct.Struct("=III")
+"""A run request: ``max_file_mb``, the inode limit of each mount, and the slot's run number."""
+DONE = struct.Struct("=ci")
+"""The zygote's answer once a run's C is reaped: ``b"D"`` and its exit status (negative: killed by that signal)."""
+FDS = 6
+"""stdin, stdout, stderr, result pipe, config memfd, verdict memfd, in that order."""
+
+_CLONE_NEWNS, _CLONE_NEWCGROUP, _CLONE_NEWUTS, _CLONE_NEWIPC, _CLONE_NEWPID = (
+    0x20000,
+    0x02000000,
+    0x04000000,
+    0x08000000,
+    0x20000000,
+)
+_MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 2, 4, 0x4000, 1 << 18
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
+_RESULT, _CONFIG, _VERDICT = 3, 4, 5
+"""Where C puts the result pipe, the config and the verdict."""
+
+
+def _mount(libc: ctypes.CDLL, target: str, size_mb: int, inodes: int, mode: str) -> None:
+    options = f"size={size_mb << 20},nr_inodes={inodes},mode={mode}".encode()
+    boot._check(
+        libc.mount(b"tmpfs", target.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options), f"mount {target}"
+    )
+
+
+def _place(fds: list[int]) -> None:
+    """Put the run's descriptors at 0..5, then close every other descriptor (the control socket included)."""
+    moved = [os.dup(fd) for fd in fds]  # above every target first: no dup2 clobbers a source
+    for target, fd in enumerate(moved):
+        os.dup2(fd, target, inheritable=target < 3)
+    os.closerange(len(moved), 1 << 20)  # close_range(2): the zygote's own fds and the copies made above
+
+
+def _child(control: int) -> None:
+    """C (module docstring, steps 1 and 2); never returns."""
+    libc = boot._libc()
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    control_socket = socket.socket(fileno=control)
+    control_socket.setblocking(True)
+    control_socket.send(b"P")
+    if control_socket.recv(1) != b"G":  # the host is gone
+        os._exit(boot.SETUP_FAILED)
+    boot._check(libc.unshare(_CLONE_NEWPID), "unshare")  # C's next child is PID 1 of a new PID namespace
+    alive_read, alive_write = os.pipe()
+    pid1 = os.fork()
+    if pid1 == 0:
+        os.close(alive_write)
+        _pid1(libc, control_socket, alive_read)
+    control_socket.detach()
+    os.closerange(0, alive_write)  # C keeps nothing of the run (it never receives it) nor of the zygote
+    os.closerange(alive_write + 1, 1 << 20)
+    _, status = os.waitpid(pid1, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:  # die the same way, so the host reads the same status a one-shot run gives
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code & 0xFF)
+
+
+def _pid1(libc: ctypes.CDLL, control_socket: socket.socket, alive: int) -> None:
+    """The run's PID 1 (module docstring, step 3), made ahead of its run; never returns."""
+    boot._check(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
+    if select.select([alive], [], [], 0)[0]:  # end-of-file: C died before the line above took effect
+        os._exit(boot.SETUP_FAILED)
+    boot._check(libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS | _CLONE_NEWCGROUP), "unshare")
+    boot._check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "private mounts")
+    message, fds, _, _ = socket.recv_fds(control_socket, REQUEST.size, FDS)  # the run, at last
+    if len(message) != REQUEST.size or len(fds) != FDS:  # the host is gone (b"") or speaks another protocol
+        os._exit(boot.SETUP_FAILED)
+    control_socket.send(b"S")  # taken: the host starts the run's clock; no other message answers this one
+    control_socket.detach()  # closed with the rest by _place
+    max_file_mb, inodes, _ = REQUEST.unpack(message)
+    _place(fds)
+    try:
+        _mount(libc, "/w", max_file_mb, inodes, "0700")
+        _mount(libc, "/tmp", max_file_mb, inodes, "1777")
+        _mount(libc, "/dev/shm", max_file_mb, inodes, "1777")
+        boot._drop_capabilities(libc)
+        with os.fdopen(_CONFIG, "rb") as handle:
+            config = json.loads(handle.read())
+        os.chdir("/w")
+        with open("/w/main.py", "w", encoding="utf-8", errors="replace") as handle:  # for tracebacks
+            handle.write(config["program"])
+    except OSError as exc:
+        print(f"sandbox set-up failed: {exc}", file=sys.stderr, flush=True)
+        os._exit(boot.SETUP_FAILED)
+    boot.run(config, _VERDICT, _RESULT)
+
+
+def main(argv: list[str]) -> None:
+    control = socket.socket(fileno=int(argv[1]))
+    control.setblocking(True)
+    libc = boot._libc()
+    boot._check(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")  # no run reads this process
+    sys.path.extend(json.loads(os.environ.pop("DNA_SANDBOX_SITE", "[]")))
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for name in PRELOAD:
+        importlib.import_module(name)
+    gc.freeze()  # the zygote's objects are never collected again: a run's collections do not touch (copy) them
+    control.send(b"R")
+    while True:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            atexit._clear()  # nothing of the zygote's runs at a run's exit
+            try:
+                _child(control.fileno())
+            except SystemExit as exc:  # the program's or the tests' process (forked in boot.run) ends
+                boot.exit_as_interpreter(exc)
+            except BaseException as exc:  # noqa: BLE001 - C must never return into the zygote's loop
+                with contextlib.suppress(OSError):
+                    os.write(2, f"sandbox set-up failed: {exc}\n".encode())  # the run's stderr, once placed
+            finally:
+                os._exit(boot.SETUP_FAILED)
+        while True:  # reap C, and any orphan that was reparented to this process (the slot's PID 1)
+            reaped, status = os.waitpid(-1, 0)
+            if reaped == pid:
+                break
+        try:
+            control.send(DONE.pack(b"D", os.waitstatus_to_exitcode(status)))
+        except OSError:
+            break  # the host is gone
+
+
+if __name__ == "__main__":
+    main(sys.argv)
