@@ -61,7 +61,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rewards.sandbox import bwrap, pool
+from rewards.sandbox import audit as _audit  # noqa: F401 - compiled here once: boot.py loads the bytecode
+from rewards.sandbox import bwrap, pool, slot
 from rewards.sandbox import channel as _channel  # noqa: F401 - compiled here once: boot.py loads the bytecode
 from rewards.sandbox import seccomp as _seccomp  # noqa: F401 - the same
 from rewards.sandbox.isolation import (
@@ -240,7 +241,7 @@ async def run_python_async(
         "limits": asdict(limits),
         "namespaces": namespaces,
         "seccomp": seccomp,
-        "site_packages": pool._site_packages(),
+        "site_packages": slot.site_packages(),
     }
     verdict = {"nonce": nonce, "tests": list(tests) if tests is not None else None}  # the tests' process only
     if namespaces:

@@ -81,34 +81,7 @@ def _sibling(name: str):  # noqa: ANN202 - a module loaded by path
 
 seccomp = _sibling("seccomp")
 wire = _sibling("channel")
-
-
-# Audit events (CPython 3.11) that start a process, and those that change the filesystem.
-_PROCESS_EVENTS = frozenset(
-    {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "subprocess.Popen"}
-)
-_PATH_EVENTS = frozenset(
-    {
-        "os.remove",
-        "os.rename",
-        "os.rmdir",
-        "os.mkdir",
-        "os.symlink",
-        "os.link",
-        "os.chmod",
-        "os.chown",
-        "os.truncate",
-        "os.utime",
-        "os.chflags",
-        "os.mkfifo",
-        "os.mknod",
-        "shutil.rmtree",
-        "shutil.move",
-        "shutil.copyfile",
-    }
-)
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_WRITABLE_DEVICES = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"})
+audit = _sibling("audit")
 
 
 class Channel:
@@ -204,55 +177,6 @@ def confine(config: dict, protections: list[str]) -> None:
     )  # memfd and SysV pages escape RLIMIT_AS; a memory cgroup counts them
     if config["seccomp"] and seccomp.install(libc, os.getpid(), allow_processes, deny_shared):
         protections.append("seccomp")
-
-
-def install_audit_hook(config: dict, channel: Channel) -> None:
-    """Enforce the sandbox rules at the Python level and report the limits a program runs into.
-
-    Under seccomp this mostly turns kernel refusals into clear errors and limit reports. Without
-    namespaces it also refuses file writes outside the working directory and ``ctypes`` (which
-    would reach libc directly); audit hooks are no security boundary on their own (PEP 578).
-    """
-    own_pid = os.getpid()
-    workdir = os.path.realpath(os.getcwd())
-    allow_processes = config["limits"]["max_processes"] > 1
-    guard_files = not config["namespaces"]
-
-    def outside(path: object) -> bool:
-        if isinstance(path, int) or path is None:
-            return False
-        text = os.fsdecode(path)
-        real = os.path.realpath(text)
-        return real not in _WRITABLE_DEVICES and real != workdir and not real.startswith(workdir + os.sep)
-
-    def hook(event: str, args: tuple) -> None:
-        if event in _PROCESS_EVENTS and not allow_processes:
-            channel.send("limit", "processes")
-            raise BlockingIOError(errno.EAGAIN, "The sandbox does not allow new processes")
-        if event == "socket.__new__":
-            channel.send("limit", "network")
-            raise PermissionError(errno.EACCES, "The sandbox has no network")
-        if event in ("os.kill", "os.killpg", "signal.pthread_kill"):
-            target = args[0] if args else None
-            if event == "signal.pthread_kill" or (event == "os.kill" and target in (0, own_pid)):
-                return
-            raise PermissionError(errno.EPERM, "The sandbox may only signal itself")
-        if guard_files:
-            if event == "ctypes.dlopen":
-                raise PermissionError(errno.EPERM, "The sandbox does not allow ctypes")
-            if event == "open" and len(args) >= 3:
-                path, mode, flags = args[0], args[1] or "", args[2] or 0
-                writing = any(c in str(mode) for c in "wax+") or bool(int(flags) & _WRITE_FLAGS)
-                if writing and outside(path):
-                    raise PermissionError(errno.EACCES, f"The sandbox may only write in {workdir}")
-            elif (
-                event in _PATH_EVENTS
-                and args
-                and any(outside(a) for a in args[:2] if isinstance(a, (str, bytes)))
-            ):
-                raise PermissionError(errno.EACCES, f"The sandbox may only change files in {workdir}")
-
-    sys.addaudithook(hook)
 
 
 def _report_exception(channel: Channel, exc: BaseException) -> None:
@@ -431,7 +355,7 @@ def _start_program(config: dict, keep: tuple[int, ...], drop: tuple[int, ...], p
         os._exit(SETUP_FAILED)
     if not config["namespaces"]:
         protections.append("file_write_guard")
-    install_audit_hook(config, diagnostics)
+    audit.install(config, diagnostics)
     diagnostics.send("setup", ",".join(protections))
     os.read(keep[1], 1)  # the gate: returns once the supervisor passed the set-up line on
     os.close(keep[1])
@@ -456,7 +380,7 @@ def _start_tests(
     except OSError as exc:
         channel.send("setup_error", f"tests: {exc}")
         os._exit(SETUP_FAILED)
-    install_audit_hook(config, channel)
+    audit.install(config, channel)
     sys.exit(tests_side(tests, channel, requests, answers))
 
 

@@ -29,190 +29,40 @@ import atexit
 import collections
 import concurrent.futures
 import contextlib
-import errno
-import fcntl
-import functools
 import json
 import logging
 import os
 import queue
-import select
 import signal
-import site
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
-from rewards.sandbox import bwrap
-from rewards.sandbox.streams import communicate, ready
+from rewards.sandbox.slot import (  # noqa: F401 - SlotError, Slot and memfd are this module's API too
+    KILL_GRACE_S,
+    SLOT_UID,
+    START_TIMEOUT_S,
+    Slot,
+    SlotError,
+    memfd,
+    receive,
+    start_slot,
+)
+from rewards.sandbox.streams import communicate
 
 logger = logging.getLogger(__name__)
 
-ZYGOTE_SCRIPT = Path(__file__).with_name("zygote.py")
 MAX_SLOTS = max(1, int(os.environ.get("DNA_SANDBOX_SLOTS") or min(16, 2 * (os.cpu_count() or 1))))
 """Slots alive at once in this process; a run waits for a free one past that."""
+
 RUNS_PER_SLOT = 500
 """Runs before a slot is replaced by a fresh one."""
-SLOT_UID = bwrap.SANDBOX_UID + 4096
-"""A root caller's slot ``i`` runs as host uid ``SLOT_UID + i``."""
-START_TIMEOUT_S = 60.0
-"""Seconds a new slot may take to say it is ready, and a slot to fork a run's first process."""
-DEFAULT_MEMORY_MB = 1024
-"""The memory limit a run's cgroup is made with, ahead of the run (set to the run's own when it starts)."""
 INODES = 4096
 """Inodes of each of a run's ``tmpfs`` mounts (``/w``, ``/tmp``, ``/dev/shm``)."""
-KILL_GRACE_S = 5.0
-"""Seconds to wait for a killed run's pipes to close and its slot to report it reaped."""
-
 _REQUEST = struct.Struct("=III")  # zygote.REQUEST: max_file_mb, inodes, run number
 _DONE = struct.Struct("=ci")  # zygote.DONE: b"D", exit status
-_CREDENTIALS = struct.Struct("=iII")  # struct ucred: pid, uid, gid
-
-
-class SlotError(RuntimeError):
-    """A slot could not be started or stopped answering; the run gets ``sandbox_error``."""
-
-
-@dataclass(eq=False)
-class Slot:
-    """One long-lived boundary and its zygote."""
-
-    index: int
-    process: subprocess.Popen
-    control: socket.socket
-    zygote: int | None = None
-    """A pidfd of the zygote (the slot's PID 1), once it said it is ready."""
-    stderr: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
-    runs: int = 0
-    cgroups: bwrap.Cgroups = field(default_factory=bwrap.Cgroups)
-    """The cgroups of the slot's next run, which its waiting first process (C) is already in."""
-    waiting: int | None = None
-    """A pidfd of C, forked ahead of the run and waiting for its request."""
-
-    def prepare(self) -> None:
-        """Take the zygote's next C (``P``), make the next run's cgroups and move C into them; blocking, off any
-        event loop (a move into a v1 cgroup waits for an RCU grace period, about 5 ms)."""
-        self.control.settimeout(START_TIMEOUT_S)
-        try:
-            message, ancillary, _, _ = self.control.recvmsg(16, socket.CMSG_SPACE(_CREDENTIALS.size))
-        except OSError as exc:
-            raise SlotError(f"the sandbox slot stopped answering: {exc}") from exc
-        finally:
-            self.control.setblocking(False)
-        pid = _sender(ancillary)
-        if message != b"P" or pid is None:
-            raise SlotError(
-                f"the sandbox slot answered {message!r}: {' | '.join(self.stderr) or 'no output'}"
-            )
-        self.waiting = os.pidfd_open(pid)  # C waits for G: it is alive, so this pid is C's
-        self.cgroups = bwrap.Cgroups.make(DEFAULT_MEMORY_MB, bwrap.CGROUP_TASKS)
-        try:
-            self.cgroups.join(pid)
-            if select.select([self.waiting], [], [], 0)[0]:  # C died: that pid may be another process's now
-                raise OSError(errno.ESRCH, "the slot's first process died")
-            self.control.send(b"G")  # C forks the run's PID 1, which waits for the request
-        except OSError as exc:
-            raise SlotError(f"cannot move the sandbox run into its cgroups: {exc}") from exc
-
-    def finish(self) -> None:
-        """Forget the last run: kill what is left of it, remove its cgroups; never raises."""
-        if self.waiting is not None:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(self.waiting, signal.SIGKILL)
-            os.close(self.waiting)
-            self.waiting = None
-        self.cgroups.remove()
-        self.cgroups = bwrap.Cgroups()
-
-    def close(self) -> None:
-        """Kill the slot (the zygote first, so that ``bwrap`` reaps it and exits; then the launcher's process
-        group, and every run with the slot's PID namespace); never raises."""
-        if self.zygote is not None:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(self.zygote, signal.SIGKILL)
-            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                self.process.wait(timeout=KILL_GRACE_S)
-            with contextlib.suppress(OSError):
-                os.close(self.zygote)
-            self.zygote = None
-        with contextlib.suppress(OSError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            self.control.close()
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            self.process.wait(timeout=KILL_GRACE_S)
-        self.finish()
-
-
-@functools.cache
-def _site_packages() -> list[str]:
-    """This interpreter's (or virtualenv's) ``site-packages``: the sandbox runs ``python -S`` and adds them itself."""
-    return [path for path in site.getsitepackages() if os.path.isdir(path)]
-
-
-def _drain(slot: Slot) -> None:
-    """Keep the last lines the slot writes to its stderr (the zygote's own errors), logging each."""
-    assert slot.process.stderr is not None
-    with contextlib.suppress(OSError, ValueError):
-        for raw in slot.process.stderr:
-            line = raw.decode("utf-8", "replace").rstrip()
-            slot.stderr.append(line)
-            logger.warning("Sandbox slot %d: %s", slot.index, line)
-
-
-def _start_slot(index: int, env: dict[str, str]) -> Slot:
-    """Start slot ``index`` and wait for its zygote's ``R``; runs on the pool's thread."""
-    if (missing := bwrap.missing_tools()) is not None:
-        raise SlotError(missing)
-    host, inside = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    host.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-    argv = [sys.executable, "-I", "-S", "-B", "-X", "utf8", str(ZYGOTE_SCRIPT), str(inside.fileno())]
-    slot_env = {**env, "DNA_SANDBOX_SITE": json.dumps(_site_packages())}
-    bwrap.ensure_stage()
-    command = bwrap.slot_command(argv, slot_env)
-    uid = SLOT_UID + index
-    try:
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            pass_fds=(inside.fileno(),),
-            env=bwrap.launcher_env(uid),
-            cwd="/",
-            start_new_session=True,
-        )
-    except OSError as exc:
-        host.close()
-        raise SlotError(f"cannot start {command[0]}: {exc}") from exc
-    finally:
-        inside.close()
-    slot = Slot(index, process, host)
-    host.settimeout(START_TIMEOUT_S)
-    try:
-        ready, ancillary, _, _ = host.recvmsg(16, socket.CMSG_SPACE(_CREDENTIALS.size))
-        slot.zygote = os.pidfd_open(_sender(ancillary) or 0)
-    except OSError:
-        ready = b""
-    if ready != b"R":
-        slot.close()
-        tail = process.stderr.read().decode("utf-8", "replace").strip()[-500:] if process.stderr else ""
-        raise SlotError(
-            f"the sandbox slot did not start (exit status {process.returncode}): {tail or 'no output'}"
-        )
-    host.setblocking(False)
-    threading.Thread(target=_drain, args=(slot,), name=f"sandbox-slot-{index}-stderr", daemon=True).start()
-    try:
-        slot.prepare()
-    except BaseException:
-        slot.close()
-        raise
-    return slot
 
 
 _index_lock = threading.Lock()
@@ -271,7 +121,7 @@ class Pool:
         while (job := self._starts.get()) is not None:
             index, env, future = job
             try:
-                slot = _start_slot(index, env)
+                slot = start_slot(index, env)
             except BaseException as exc:  # noqa: BLE001 - handed to the run that asked
                 with self._lock:
                     _free_index(self._indices, index)
@@ -450,44 +300,6 @@ atexit.register(close_pool)
 os.register_at_fork(after_in_child=_forget_pool)
 
 
-def memfd(name: str, text: str) -> int:
-    """A sealed memfd holding ``text`` (UTF-8), positioned at its start."""
-    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    data = text.encode("utf-8", "replace")  # a lone surrogate in the program: '?' in the copy for tracebacks
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-    fcntl.fcntl(
-        fd,
-        fcntl.F_ADD_SEALS,
-        fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE,
-    )
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
-async def _receive(slot: Slot) -> tuple[bytes, int | None]:
-    """The slot's next message and the host pid of its sender (``SO_PASSCRED``); ``b""`` when the slot is gone."""
-    loop = asyncio.get_running_loop()
-    while True:
-        try:
-            message, ancillary, _, _ = slot.control.recvmsg(64, socket.CMSG_SPACE(_CREDENTIALS.size))
-        except BlockingIOError:
-            await ready(loop, slot.control.fileno(), write=False)
-            continue
-        except OSError:
-            return b"", None
-        return message, _sender(ancillary)
-
-
-def _sender(ancillary: list[tuple[int, int, bytes]]) -> int | None:
-    """The host pid in a message's ``SCM_CREDENTIALS`` (the kernel's, with ``SO_PASSCRED``: never forged)."""
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= _CREDENTIALS.size:
-            return _CREDENTIALS.unpack(data[: _CREDENTIALS.size])[0]
-    return None
-
-
 @dataclass
 class Outcome:
     """What the host saw of one run."""
@@ -545,7 +357,7 @@ async def run(
             for fd in sent:
                 fds.remove(fd)
                 os.close(fd)
-            message, _ = await asyncio.wait_for(_receive(slot), timeout=START_TIMEOUT_S)
+            message, _ = await asyncio.wait_for(receive(slot), timeout=START_TIMEOUT_S)
         except (OSError, TimeoutError) as exc:
             raise SlotError(f"the sandbox slot failed before the run started: {exc}") from exc
         if message != b"S":  # its PID 1 did not take the run (it died): the request may still be queued
@@ -560,7 +372,7 @@ async def run(
 
         async def wait() -> int | None:
             nonlocal healthy
-            message, _ = await _receive(slot)
+            message, _ = await receive(slot)
             if len(message) == _DONE.size and message[:1] == b"D":
                 healthy = True
                 return _DONE.unpack(message)[1]
