@@ -125,7 +125,8 @@ def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
             os.environ.update(env_backup)
         gpus = dict(stage.gpus or {"train": os.environ.get("CUDA_VISIBLE_DEVICES", "all visible")})
         if cfg.get("eval_on_checkpoint") and "eval" not in gpus:
-            gpus["eval"] = f"vLLM on {cfg.get('eval_devices')}"
+            url = cfg.get("eval_server_url")
+            gpus["eval"] = f"the server at {url}" if url else f"vLLM on {cfg.get('eval_devices')}"
         rows.append(
             {
                 "index": stage.index,

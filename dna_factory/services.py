@@ -7,7 +7,7 @@ timeout and ``urllib3``'s ``Retry`` (back-off, ``Retry-After``, transient status
 
 The services a recipe talks to are found in one place, :func:`recipe_services` (the vLLM server of
 sync GRPO's ``vllm_mode: server`` and of async GRPO, the judge of the judge reward, the distillation
-teacher). :func:`wait_for_services` (every stage's ``wait_for_services`` hook, before data, tokenizer
+teacher, the checkpoint-eval server of ``eval_server_url``). :func:`wait_for_services` (every stage's ``wait_for_services`` hook, before data, tokenizer
 and model load) waits up to ``server_wait_s`` for each; :func:`probe_services` (a validator) probes
 them once, fast, under ``--dry_run`` and says which it skipped.
 """
@@ -196,6 +196,13 @@ def recipe_services(cfg) -> list[ExternalService]:
             f"--port {_port(root, '8000')}; docs/distillation.md"
         )
         services.append(ExternalService("teacher server", root, hint))
+    if cfg.get("eval_on_checkpoint") and cfg.get("eval_server_url"):
+        root = server_root(cfg.get("eval_server_url"), "eval_server_url")
+        hint = (
+            f"VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model {model} "
+            f"--port {_port(root, '8000')}; docs/checkpoint-eval.md"
+        )
+        services.append(ExternalService("eval server", root, hint))
     return services
 
 

@@ -34,11 +34,13 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dna_factory.errors import DnaServiceError
 from dna_factory.process_group import (  # noqa: F401 - group_alive, install_cleanup_hooks: re-exported
     group_alive,
     install_cleanup_hooks,
@@ -59,6 +61,82 @@ PORT_ATTEMPTS = 3
 LOG_TAIL_LINES = 40
 
 _ADDRESS_IN_USE = ("Address already in use", "[Errno 98]", "EADDRINUSE")
+
+
+def post_dev_endpoint(
+    server_url: str,
+    path: str,
+    body: dict | None = None,
+    query: dict | None = None,
+    timeout_s: float = 300.0,
+    doing: str = "a weight sync",
+) -> str:
+    """POST to one of vLLM's endpoints (dev mode for /pause, /resume, /collective_rpc); errors name the server.
+
+    ``doing`` names what the request is part of in the errors ("a weight sync", "the eval of step 4").
+    """
+    root = server_url.rstrip("/").removesuffix("/v1")
+    url = root + path + ("?" + urllib.parse.urlencode(query) if query else "")
+    request = urllib.request.Request(
+        url, data=json.dumps(body or {}).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.read().decode()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise RuntimeError(
+                f"The vLLM server at {root} has no {path} endpoint, which {doing} needs. Start it with "
+                "VLLM_SERVER_DEV_MODE=1."
+            ) from None
+        if exc.code >= 500:
+            raise DnaServiceError(
+                f"The vLLM server at {root} answered {path} with HTTP {exc.code} during {doing} "
+                "(its engine may have crashed: see the server's log). Restart it and rerun (the run resumes "
+                "from its last checkpoint)."
+            ) from None
+        raise
+    except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out: the server is gone
+        reason = getattr(exc, "reason", exc)
+        raise DnaServiceError(
+            f"The vLLM server at {root} did not answer {path} during {doing} ({reason}; "
+            f"timeout {timeout_s:g} s). Is it still running? Restart it and rerun (the run resumes from "
+            "its last checkpoint)."
+        ) from None
+
+
+def reload_weights(
+    server_url: str,
+    weights_dir: str | os.PathLike[str],
+    timeout_s: float = 300.0,
+    doing: str = "a weight sync",
+) -> None:
+    """Load the weights in ``weights_dir`` into a running dev-mode server, in place, and drop its prefix cache.
+
+    ``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}``, then
+    ``POST /reset_prefix_cache?reset_running_requests=true``, whose ``{"success": true}`` is checked: cached
+    KV blocks hold the old weights' keys and values. The architecture must be the one the server runs; with
+    tied embeddings ``DIR`` must hold ``lm_head.weight`` explicitly, or vLLM keeps the old head (DEVELOPERS.md).
+    """
+    post_dev_endpoint(
+        server_url,
+        "/collective_rpc",
+        {"method": "reload_weights", "kwargs": {"weights_path": str(Path(weights_dir).resolve())}},
+        timeout_s=timeout_s,
+        doing=doing,
+    )
+    answer = post_dev_endpoint(
+        server_url,
+        "/reset_prefix_cache",
+        query={"reset_running_requests": "true"},
+        timeout_s=timeout_s,
+        doing=doing,
+    )
+    if json.loads(answer or "{}").get("success") is not True:
+        raise RuntimeError(
+            f"The vLLM server at {server_url} did not reset its prefix cache after the weight reload "
+            f"(answer: {answer.strip()!r}); cached KV blocks would still hold the old weights' keys and values."
+        )
 
 
 class VLLMServerError(RuntimeError):

