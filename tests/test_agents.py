@@ -15,8 +15,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-import trl
 
 from dna_factory.agents import build_environment, check_environment
 from dna_factory.agents.general import evaluate
@@ -34,6 +32,11 @@ from dna_factory.runner import prepare
 from tests import agent_fixtures
 from tests.agent_fixtures import FaultyEnvironment, ScriptedPolicy, tool_responses
 from tests.conftest import run_cli
+from tests.lazy import lazy
+
+torch = lazy("torch")
+trl = lazy("trl")
+
 
 RECIPES = {env: f"configs/grpo/agent-{env}-tiny-cpu.yaml" for env in ("general", "coding", "search")}
 RECORD = "tests.agent_fixtures:record_completions"

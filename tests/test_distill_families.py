@@ -11,10 +11,13 @@ built from a config (offline, < 1 s each).
 from __future__ import annotations
 
 import pytest
-import torch
-import transformers
 
-from dna_factory.distill.trainers import completion_logprobs
+from tests.lazy import lazy
+
+opd = lazy("dna_factory.distill.trainers")
+torch = lazy("torch")
+transformers = lazy("transformers")
+
 
 VOCAB = 96
 BASE = {
@@ -79,7 +82,7 @@ def _batch():
 def test_student_logprobs_equal_full_logits_log_softmax(family):
     model = _tiny(*FAMILIES[family])
     inputs = _batch()
-    got = completion_logprobs(model, inputs)
+    got = opd.completion_logprobs(model, inputs)
     ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
     mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
     p, c = inputs["prompt_ids"].size(1), inputs["completion_ids"].size(1)

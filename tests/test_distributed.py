@@ -20,6 +20,7 @@ def _launch(config: str, out: Path):
     )  # fmt: skip
 
 
+@pytest.mark.timeout(600)  # a long test: about a third of this here
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["configs/accelerate/ddp-cpu.yaml", "configs/accelerate/zero3-cpu.yaml"])
 def test_two_process_cpu_training(config, tmp_path, tiny_model):

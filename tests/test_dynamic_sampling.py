@@ -8,15 +8,17 @@ import logging
 from pathlib import Path
 
 import pytest
-import torch
-import trl
 
 from dna_factory.errors import DnaConfigError
-from dna_factory.grpo.dynamic_sampling import DynamicSamplingGRPOTrainer
 from dna_factory.loading import load_context
 from dna_factory.runner import prepare
 from dna_factory.trl_pin import TRL_VERSION
 from tests.conftest import run_cli
+from tests.lazy import lazy
+
+dynamic_sampling = lazy("dna_factory.grpo.dynamic_sampling")
+torch = lazy("torch")
+trl = lazy("trl")
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +93,7 @@ def test_trainer_attributes_exist(live_dead, tmp_path, tiny_model):
     for name in ("_metrics", "_tokenizer", "reward_weights", "num_generations", "beta", "_entropy_bonus_enabled",
                  "aux_loss_enabled", "multi_objective_aggregation", "shuffle_dataset", "_buffered_inputs", "_step"):  # fmt: skip
         assert hasattr(trainer, name), name
-    assert isinstance(trainer, DynamicSamplingGRPOTrainer)
+    assert isinstance(trainer, dynamic_sampling.DynamicSamplingGRPOTrainer)
 
 
 def _grads_after_one_step(trainer, seed=0):

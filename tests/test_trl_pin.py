@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 
-import trl
-
 from dna_factory.trl_pin import TOUCH_POINTS, TRL_VERSION
 from tests.conftest import REPO
+from tests.lazy import lazy
+
+trl = lazy("trl")
 
 
 def test_the_installed_trl_is_the_pinned_one():

@@ -8,7 +8,7 @@ a time on the 2-core machine.
 
 from __future__ import annotations
 
-import logging
+import json
 import os
 import select
 import signal
@@ -19,22 +19,29 @@ import textwrap
 
 import pytest
 
-from dna_factory import vllm_server as manager
+from dna_factory.errors import DnaConfigError
 from dna_factory.vllm_server import CPU_DEFAULT_ARGS, VLLMServer, VLLMServerError, cuda_available, group_alive
-from tests.conftest import REPO, cli_env
+from tests.conftest import REPO, cli_env, stop_shared_vllm_server
 
 pytestmark = pytest.mark.vllm
 
-# A child owner process: start a server for argv[1], print its process group id, then `mode`.
+# A child owner process: start a server for argv[1] (more vLLM flags in argv[4], JSON), print its process group id
+# and port, then `mode`. With a port in argv[5] (one another program holds), the first port it tries is that one:
+# the start must move on.
 OWNER = textwrap.dedent(
     """
-    import logging, sys, time
+    import json, logging, sys, time
+    from dna_factory import vllm_server as manager
     from dna_factory.vllm_server import VLLMServer
     logging.basicConfig(level=logging.INFO)
-    model, log_path, mode = sys.argv[1:4]
-    server = VLLMServer(model, served_model_name="owned", extra_args=["--max-model-len", "512", "--enforce-eager"], log_path=log_path)
+    model, log_path, mode, flags = sys.argv[1:5]
+    if len(sys.argv) > 5:
+        ports, real_free_port = iter([int(sys.argv[5])]), manager.free_port
+        manager.free_port = lambda host="127.0.0.1": next(ports, None) or real_free_port(host)
+    extra = ["--max-model-len", "512", "--enforce-eager", *json.loads(flags)]
+    server = VLLMServer(model, served_model_name="owned", extra_args=extra, log_path=log_path)
     server.start()
-    print(server.pgid, flush=True)
+    print(server.pgid, server.port, flush=True)
     if mode == "wait":
         time.sleep(600)
     # mode "exit": fall off the end without stop(); the atexit hook must stop the server
@@ -65,10 +72,21 @@ def _group_members(pgid: int) -> list[str]:
     return names
 
 
-def _start_owner(tiny_model, tmp_path, mode: str) -> tuple[subprocess.Popen, int]:
-    """Run OWNER in a child process; return it and the pgid of its server once the server is ready."""
+def _start_owner(
+    tiny_model, tmp_path, mode: str, *lost_port: int, flags: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, int, int]:
+    """Run OWNER in a child process; return it, and the pgid and port of its server once the server is ready."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", OWNER, str(tiny_model), str(tmp_path / "server.log"), mode],
+        [
+            sys.executable,
+            "-c",
+            OWNER,
+            str(tiny_model),
+            str(tmp_path / "server.log"),
+            mode,
+            json.dumps(flags),
+            *map(str, lost_port),
+        ],  # fmt: skip
         cwd=REPO,
         env=cli_env(),
         stdout=subprocess.PIPE,
@@ -77,7 +95,7 @@ def _start_owner(tiny_model, tmp_path, mode: str) -> tuple[subprocess.Popen, int
     )
     ready, _, _ = select.select([proc.stdout], [], [], 300)
     line = proc.stdout.readline() if ready else ""
-    if not line.strip().isdigit():
+    if not line.replace(" ", "").strip().isdigit():
         proc.terminate()  # SIGTERM: the owner stops a server it may have started
         try:
             _, err = proc.communicate(timeout=60)
@@ -85,7 +103,8 @@ def _start_owner(tiny_model, tmp_path, mode: str) -> tuple[subprocess.Popen, int
             proc.kill()
             _, err = proc.communicate()
         pytest.fail(f"the owner did not report a ready server: {line!r}\n{err[-3000:]}")
-    return proc, int(line)
+    pgid, port = map(int, line.split())
+    return proc, pgid, port
 
 
 def _cleanup(proc: subprocess.Popen, pgid: int | None) -> None:
@@ -97,6 +116,7 @@ def _cleanup(proc: subprocess.Popen, pgid: int | None) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 @pytest.mark.stops_shared_vllm
 def test_stop_leaves_no_process_of_the_group(vllm_server):
     pgid = vllm_server.pgid
@@ -128,6 +148,7 @@ def test_cpu_defaults_unless_overridden(tiny_model):
     assert custom.environment()["CUDA_VISIBLE_DEVICES"] == "2,3"
 
 
+@pytest.mark.slow
 def test_startup_failure_raises_with_the_log_tail(vllm_alone, tmp_path):
     not_a_model = tmp_path / "not-a-model"
     not_a_model.mkdir()
@@ -145,41 +166,40 @@ def test_startup_failure_raises_with_the_log_tail(vllm_alone, tmp_path):
     assert server.pid is None
 
 
-def test_a_lost_port_is_retried_and_an_exception_stops_the_server(
-    vllm_alone, tiny_model, tmp_path, monkeypatch, caplog
-):
-    """Another program takes the port between free_port() and vLLM's bind: the start moves on."""
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        lost = taken.getsockname()[1]
-        ports = iter([lost])
-        real_free_port = manager.free_port
-        monkeypatch.setattr(
-            manager, "free_port", lambda host="127.0.0.1": next(ports, None) or real_free_port(host)
-        )
-        server = VLLMServer(
-            tiny_model,
-            served_model_name="retry",
-            extra_args=["--max-model-len", "512", "--enforce-eager"],
-            log_path=tmp_path / "log",
-        )
-        caplog.set_level(logging.WARNING, logger=manager.__name__)
-        pgid = None
-        try:
-            with pytest.raises(RuntimeError, match="raised inside the with"), server:
-                pgid = server.pgid
-                assert server.port != lost
-                assert f"vLLM lost port {lost}" in caplog.text
-                assert "Address already in use" in (tmp_path / "log").read_text()
-                raise RuntimeError("raised inside the with")
-            _assert_group_gone(pgid)
-        finally:
-            server.stop()
+@pytest.fixture(scope="module")
+def logits_owner(tiny_model, tmp_path_factory):
+    """An owner process waiting with its server, which runs in vLLM's ``raw_logits`` mode with generation defaults
+    that truncate sampling: the teacher probe's subject first, then SIGTERM's (one server for both tests)."""
+    stop_shared_vllm_server()  # one vLLM server at a time on the 2-core machine
+    flags = ("--logprobs-mode", "raw_logits", "--override-generation-config", '{"top_k": 5, "top_p": 0.5}')
+    proc, pgid, port = _start_owner(tiny_model, tmp_path_factory.mktemp("owner"), "wait", flags=flags)
+    try:
+        yield proc, pgid, port
+    finally:
+        _cleanup(proc, pgid)
 
 
-def test_sigterm_to_the_owner_stops_its_server(vllm_alone, tiny_model, tmp_path):
-    proc, pgid = _start_owner(tiny_model, tmp_path, "wait")
+@pytest.mark.slow
+@pytest.mark.own_vllm
+def test_a_server_in_a_logit_mode_fails_the_teacher_probe(logits_owner, tiny_model):
+    """vLLM 0.32 (``gpu_model_runner``): prompt logprobs skip the sampling processors, so ``raw_logprobs`` and
+    ``processed_logprobs`` give log-probabilities (the latter is accepted: tests/test_distill.py), while
+    ``raw_logits`` and ``processed_logits`` return logits in their place: the teacher probe refuses them."""
+    from transformers import AutoTokenizer
+
+    from dna_factory.distill.teacher_server import TeacherServer
+
+    _, _, port = logits_owner
+    with pytest.raises(DnaConfigError, match="not log-probabilities"):
+        TeacherServer(f"http://127.0.0.1:{port}/v1").check_alignment(
+            AutoTokenizer.from_pretrained(tiny_model)
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.own_vllm
+def test_sigterm_to_the_owner_stops_its_server(logits_owner):
+    proc, pgid, _ = logits_owner
     try:
         assert group_alive(pgid) and len(_group_members(pgid)) >= 2
 
@@ -193,13 +213,24 @@ def test_sigterm_to_the_owner_stops_its_server(vllm_alone, tiny_model, tmp_path)
         _cleanup(proc, pgid)
 
 
-def test_normal_exit_of_the_owner_stops_its_server(vllm_alone, tiny_model, tmp_path):
-    proc, pgid = _start_owner(tiny_model, tmp_path, "exit")
-    try:
-        _, err = proc.communicate(timeout=120)
+@pytest.mark.slow
+def test_a_lost_port_is_retried_and_a_normal_exit_of_the_owner_stops_its_server(
+    vllm_alone, tiny_model, tmp_path
+):
+    """Another program takes the port between free_port() and vLLM's bind: the start moves on to a new port.
+    The owner then falls off its end without stop(): the atexit hook stops the server (one server, two checks)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        lost = taken.getsockname()[1]
+        proc, pgid, port = _start_owner(tiny_model, tmp_path, "exit", lost)
+        try:
+            _, err = proc.communicate(timeout=120)
 
-        assert proc.returncode == 0, err[-3000:]
-        assert "Stopped vLLM server 'owned'" in err  # by the atexit hook: the owner never calls stop()
-        _assert_group_gone(pgid)
-    finally:
-        _cleanup(proc, pgid)
+            assert port != lost and f"vLLM lost port {lost}" in err
+            assert "Address already in use" in (tmp_path / "server.log").read_text()
+            assert proc.returncode == 0, err[-3000:]
+            assert "Stopped vLLM server 'owned'" in err  # by the atexit hook: the owner never calls stop()
+            _assert_group_gone(pgid)
+        finally:
+            _cleanup(proc, pgid)

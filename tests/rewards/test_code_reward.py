@@ -26,7 +26,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from trl.trainer.utils import is_async_callable
 
 from rewards import code as code_module
 from rewards import sandbox
@@ -521,6 +520,8 @@ def test_reward_is_async_picklable_and_built_from_yaml():
         "{factory: code_execution, tests_column: test_list, setup_column: test_setup_code, all_or_nothing: true}"
     )
     reward, weight = resolve_reward(entry)
+    from trl.trainer.utils import is_async_callable  # here: TRL's import costs seconds at collection
+
     assert is_async_callable(reward) and reward.__name__ == "code_execution" and weight == 1.0
     clone = pickle.loads(pickle.dumps(reward))
     assert clone.all_or_nothing and clone.limits == reward.limits

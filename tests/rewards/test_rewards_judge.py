@@ -20,10 +20,13 @@ from collections import defaultdict
 
 import pytest
 from aiohttp import web
-from trl.trainer.utils import get_callable_name, is_async_callable
 
 from rewards import generative
 from rewards.generative import make_judge_reward, parse_score
+from tests.lazy import lazy
+
+trl_utils = lazy("trl.trainer.utils")
+
 
 API_KEY = "sk-judge-TESTKEY-7f3a9c"
 FAST_TIMEOUT_S = 0.3
@@ -180,9 +183,9 @@ def test_spec_constants():
 
 def test_trl_sees_an_async_reward_with_its_name():
     judge = make_judge_reward(RUBRIC, name="my_judge")
-    assert is_async_callable(judge)
-    assert get_callable_name(judge) == "my_judge"
-    assert get_callable_name(make_judge_reward(RUBRIC)) == "judge_reward"
+    assert trl_utils.is_async_callable(judge)
+    assert trl_utils.get_callable_name(judge) == "my_judge"
+    assert trl_utils.get_callable_name(make_judge_reward(RUBRIC)) == "judge_reward"
 
 
 def test_threshold_six_vs_seven_and_request_shape(server):

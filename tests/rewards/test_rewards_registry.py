@@ -7,7 +7,6 @@ import pickle
 
 import pytest
 import yaml
-from trl.rewards import accuracy_reward, think_format_reward
 
 from rewards import generative, interface, options, registry, verifiable
 from rewards.registry import (
@@ -18,6 +17,10 @@ from rewards.registry import (
     resolve_reward,
     resolve_rewards,
 )
+from tests.lazy import lazy
+
+trl_rewards = lazy("trl.rewards")
+
 
 RECIPE = """
 reward_funcs:
@@ -45,8 +48,8 @@ def test_recipe_forms_resolve_to_callables_and_weights():
         "soft_overlong_punishment_reward",
     ]
     assert weights == [1.0, 1.0, 0.5, 1.0, 0.2, 1.0, 1.0]
-    assert funcs[0] is accuracy_reward
-    assert funcs[4] is think_format_reward
+    assert funcs[0] is trl_rewards.accuracy_reward
+    assert funcs[4] is trl_rewards.think_format_reward
     assert funcs[5] is verifiable.last_number_reward
     assert funcs[1](prompts=["q"], completions=["#### 4"], answer=["4"], label=["gsm8k"]) == [1.0]
 

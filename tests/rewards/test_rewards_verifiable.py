@@ -9,7 +9,6 @@ import logging
 import pickle
 
 import pytest
-from trl.trainer.utils import get_callable_name, is_async_callable
 
 from rewards.interface import completion_text
 from rewards.verifiable import (
@@ -19,6 +18,10 @@ from rewards.verifiable import (
     make_string_match_reward,
     normalize_answer,
 )
+from tests.lazy import lazy
+
+trl_utils = lazy("trl.trainer.utils")
+
 
 EXTRACTOR_CASES = [
     # boxed: the last complete \boxed{...}, braces balanced
@@ -203,8 +206,8 @@ def test_completion_text_forms():
 
 def test_length_is_preserved_and_default_name():
     reward = make_string_match_reward("last_number")
-    assert get_callable_name(reward) == "string_match_last_number"
-    assert not is_async_callable(reward)
+    assert trl_utils.get_callable_name(reward) == "string_match_last_number"
+    assert not trl_utils.is_async_callable(reward)
     assert len(_score(reward, ["1"] * 7, solution=["1", None, "", "2", "1", "x", "1"])) == 7
 
 
@@ -223,7 +226,7 @@ def test_pickle_round_trip_keeps_behaviour_and_name():
     assert clone.__name__ == "g"
     assert _score(clone, ["#### 3", "#### 3"], answer=["3", "3"], label=["gsm8k", "math"]) == [1.0, None]
     playground = pickle.loads(pickle.dumps(last_number_reward))
-    assert get_callable_name(playground) == "last_number_reward"
+    assert trl_utils.get_callable_name(playground) == "last_number_reward"
 
 
 PLAYGROUND_CASES = [
