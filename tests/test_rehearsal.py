@@ -172,6 +172,8 @@ def test_recipe_rehearses(recipe_path, tmp_path, request):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "rehearse: model_name_or_path" in proc.stderr  # every substitution is logged
+    if flags:  # the shared server, not one of the rehearsal's own
+        assert "rehearse: async generation on the server given on the command line" in proc.stderr
     check_rehearsal(out, recipe_path)
 
 

