@@ -585,6 +585,10 @@ def test_async_resume_runs_past_four_epochs_of_a_small_prompt_set(vllm_server, t
     try:
         first = run_cli(*args, "1", timeout=600)
         assert first.returncode == 0, first.stderr[-4000:]
+        # the child's samples the trainer never read must not hold its exit (TRL waits 15 s, then terminates it)
+        assert "Stopping AsyncRolloutWorker" in first.stderr and "did not exit" not in first.stderr, (
+            first.stderr[-3000:]
+        )
         resumed = run_cli(*args, "5", timeout=600)
         assert resumed.returncode == 0, resumed.stderr[-4000:]
         assert "Exact resume from" in resumed.stderr

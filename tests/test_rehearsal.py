@@ -289,6 +289,9 @@ def test_rehearse_dry_run_marks_every_changed_key_and_keeps_the_rest(tmp_path):
     assert (
         printed["max_steps"] == 2 and printed["use_vllm"] is False and printed["max_completion_length"] == 32
     )
+    # a random tiny model's groups all tie: one resampling round runs the code, four only cost minutes
+    assert printed["dynamic_sampling"] == "resample" and printed["dynamic_sampling_max_rounds"] == 1
+    assert "# --rehearse" in lines["dynamic_sampling_max_rounds"]
     for key in ("epsilon_high", "num_generations", "dynamic_sampling"):
         assert "configs/grpo/glm-4.5-air-reasoning.yaml" in lines[key], lines[key]
     for key in ("loss_type", "beta", "temperature"):  # the recipe leaves them to the defaults layer

@@ -1,4 +1,4 @@
-"""What runs inside TRL's spawned async rollout child: TRL's loop, with two missing guards added.
+"""What runs inside TRL's spawned async rollout child: TRL's loop, with three missing guards added.
 
 TRL 1.16's ``parse_response`` (``trl/chat_template_utils.py``) falls back to the plain decoded text
 when the tokenizer's parser raises ``ValueError``/``TypeError``, but on an *empty* turn — what a
@@ -50,14 +50,27 @@ ABORTED_RETRIES = 5  # resubmissions of one aborted completion before the rollou
 
 
 class RolloutLoop(_trl_worker._AsyncRolloutLoop):
-    """TRL's rollout loop, defined here so that the spawned child imports this module; one change.
+    """TRL's rollout loop, defined here so that the spawned child imports this module; two changes.
 
     TRL 1.16's worker never reads ``finish_reason``: a completion that vLLM aborted (HTTP 200,
     ``finish_reason="abort"``, the tokens generated so far) would be scored and trained as if the
     model had stopped there. Such a request is resubmitted whole, and counted in the
     ``rollout/aborted_total`` metric; after ``ABORTED_RETRIES`` aborts in a row the child fails
     with a message instead of training on cut-off text.
+
+    At the end of every run the child has scored samples the trainer will never read. A
+    ``multiprocessing.Queue`` joins its feeder thread at process exit, and that thread is blocked
+    writing them into a full pipe: TRL's ``stop()`` waited 15 s, warned "Child did not exit within
+    15s" and terminated the child, every run. :meth:`run` lets the child exit without flushing the
+    sample and metric queues (the exception queue, which the trainer reads, still flushes).
     """
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            self.rollout_buffer.cancel_join_thread()
+            self._metrics_queue.cancel_join_thread()
 
     async def _post(self, path: str, payload: dict, timeout: float, max_retries: int = 3) -> dict:
         for attempt in range(ABORTED_RETRIES + 1):

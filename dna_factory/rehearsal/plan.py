@@ -14,7 +14,8 @@ model, teacher          a tiny random model of the same family with the *real* t
 Hub datasets            their offline twins (:data:`twins.HUB_TWINS`), ``max_samples``: what two
                         steps of the recipe's batch need (at least 16)
 hardware                ``use_cpu``, float32, no bf16/fp16/tf32, SDPA instead of FlashAttention
-length                  completions at most 32 tokens, prompts/sequences at most 512
+length                  completions at most 32 tokens, prompts/sequences at most 512, one
+                        resampling round (a random model's groups tie; more rounds cost minutes)
 run                     ``max_steps`` 2, a checkpoint at step 2, ``report_to: none``,
                         ``outputs/rehearse/...`` unless ``--output_dir`` is given
 sync GRPO vLLM          in-process generation (TRL's NCCL weight sync needs CUDA)
@@ -190,6 +191,13 @@ def rehearsal_layer(
     for key, cap in LENGTH_CAPS.items():
         if isinstance(values.get(key), int) and values[key] > cap:
             put(key, cap, "a few tokens suffice to rehearse")
+    rounds = values.get("dynamic_sampling_max_rounds")
+    if values.get("dynamic_sampling") == "resample" and isinstance(rounds, int) and rounds > 1:
+        put(
+            "dynamic_sampling_max_rounds",
+            1,
+            "a random tiny model's groups all tie: one round rehearses resampling",
+        )
     put("max_steps", STEPS, "rehearsal length")
     put("save_strategy", "steps", "one checkpoint, at the last step")
     put("save_steps", STEPS, "one checkpoint, at the last step")
