@@ -397,28 +397,33 @@ def required_columns(entry: str | Mapping[str, Any]) -> set[str]:
     return columns_of(func)
 
 
+FILLED_BY_TRAINER = ("prompt", "completion", "label")
+"""Columns every reward can read because the trainer fills them; never offered as a gold column."""
+
+
 def check_reward_columns(entries: Iterable[str | Mapping[str, Any]], columns: Iterable[str]) -> None:
     """Fail when a reward reads a column that no dataset of the mixture has.
 
     Args:
         entries: The recipe's ``reward_funcs``.
-        columns: Every column of the mixture (the union over its datasets after loading rules,
-            ``prompt`` and ``label`` included).
+        columns: Every column of the mixture (the union over its datasets after loading rules).
+            :data:`FILLED_BY_TRAINER` columns are available too; the error offers only the data's own.
 
     Raises:
-        RewardConfigError: Naming the reward, the missing column and the columns there are.
+        RewardConfigError: Naming the reward, the missing column and the data's own columns.
 
     Example:
         >>> check_reward_columns([{"factory": "string_match", "answer_column": "answr"}], ["prompt", "answer"])
         Traceback (most recent call last):
         ...
-        rewards.errors.RewardConfigError: Reward {'factory': 'string_match', 'answer_column': 'answr'} reads column 'answr', which no dataset in the mixture has. Did you mean 'answer'? Set the reward's column option to one of: answer, prompt.
+        rewards.errors.RewardConfigError: Reward {'factory': 'string_match', 'answer_column': 'answr'} reads column 'answr', which no dataset in the mixture has. Did you mean 'answer'? Set the reward's column option to one of the data's columns: answer.
     """
-    available = set(columns)
+    own = set(columns) - set(FILLED_BY_TRAINER)
+    available = own | set(FILLED_BY_TRAINER)
     for entry in entries:
         for name in sorted(required_columns(entry) - available):
             raise RewardConfigError(
                 f"Reward {_describe_entry(entry)} reads column {name!r}, which no dataset in the mixture has."
-                f"{did_you_mean(name, available)} Set the reward's column option to one of: "
-                f"{', '.join(sorted(available)) or '(none)'}."
+                f"{did_you_mean(name, own)} Set the reward's column option to one of the data's columns: "
+                f"{', '.join(sorted(own)) or '(none)'}."
             )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dna_factory.runner import main
@@ -47,3 +49,63 @@ def test_a_factory_named_as_a_reward_function_fails_the_dry_run(
     err = capsys.readouterr().err
     assert "looks like a factory" in err and "{factory: rewards.verifiable:make_" in err
     assert err.count("\n") == 1 and err.startswith("error: ")
+
+
+# --------------------------------------------------------------------------- #33 item 2: gold checks
+
+
+def _gsm8k_rows(tmp_path, n=8):
+    """GSM8K's layout: the gold cell is a worked solution ending in ``#### <answer>``."""
+    path = tmp_path / "gsm8k.jsonl"
+    rows = [
+        {"question": f"Tom has {i} apples and buys {i + 3} more. How many now?",
+         "answer": f"Tom has {i} apples.\nHe buys {i + 3} more: {i} + {i + 3} = <<{i}+{i + 3}={2 * i + 3}>>{2 * i + 3}.\n#### {2 * i + 3}"}
+        for i in range(n)
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return [{"path": str(path), "label": "gsm8k", "columns": {"question": "prompt", "answer": "answer"}}]
+
+
+def test_a_gold_column_the_extractor_cannot_read_fails_the_dry_run_naming_gold_extractor(
+    tmp_path, write_yaml, tiny_model, capsys
+):
+    """extractor: boxed on GSM8K without gold_extractor: every gold fell back to the raw `... #### 72` text,
+    so every completion scored 0 — a silent zero-reward run. Now one line names the fix."""
+    reward = {"factory": "string_match", "extractor": "boxed", "answer_column": "answer"}
+    datasets = _gsm8k_rows(tmp_path)
+    assert _dry_run(tmp_path, write_yaml, tiny_model, [reward], datasets) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    assert "'answer'" in err and "boxed" in err and "#### 3" in err and "gold_extractor: gsm8k" in err
+
+    fixed = {**reward, "gold_extractor": "gsm8k"}
+    assert _dry_run(tmp_path, write_yaml, tiny_model, [fixed], datasets) == 0
+
+
+@pytest.mark.parametrize(
+    ("extractor", "golds"),
+    [
+        ("boxed", [r"\frac{1}{2}", "72", r"\sqrt{3}", "(1, 2)"]),  # bare answers: the raw cell is the gold
+        ("boxed", [r"so \boxed{4}", r"thus \boxed{\frac{1}{2}}", r"\boxed{7}", r"\boxed{x}"]),
+        ("last_number", ["35", "-2", "1,000", "7"]),
+        ("gsm8k", ["a\n#### 3", "b\n#### 4", "#### 5", "c #### 6"]),
+    ],
+)
+def test_gold_cells_the_reward_can_read_pass_the_dry_run(tmp_path, write_yaml, tiny_model, extractor, golds):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(
+        "".join(json.dumps({"prompt": f"q{i}", "solution": g}) + "\n" for i, g in enumerate(golds))
+    )
+    reward = {"factory": "string_match", "extractor": extractor, "answer_column": "solution"}
+    assert _dry_run(tmp_path, write_yaml, tiny_model, [reward], [{"path": str(path), "label": "x"}]) == 0
+
+
+def test_the_column_error_offers_only_the_datas_own_columns(tmp_path, write_yaml, tiny_model, capsys):
+    """prompt, completion and label are filled by the trainer: never a gold column to offer."""
+    reward = {"factory": "string_match", "extractor": "last_number", "answer_column": "solutoin"}
+    assert _dry_run(tmp_path, write_yaml, tiny_model, [reward], [{"path": DATA, "label": "arith"}]) == 2
+    err = capsys.readouterr().err
+    offered = err.split("Set the reward's column option to one of the data's columns:")[1]
+    assert "solution" in offered and "Did you mean 'solution'?" in err
+    for filled in ("prompt", "completion", "label"):
+        assert filled not in offered.replace("solution", ""), offered

@@ -132,7 +132,7 @@ def validate(cfg: FilterTasksConfig) -> tuple[list, list, list]:
     funcs, weights = resolve_rewards(cfg.reward_funcs)
     columns = mixture_columns(specs)
     if columns is not None:
-        check_reward_columns(cfg.reward_funcs, columns | {"prompt"})
+        check_reward_columns(cfg.reward_funcs, columns)
     if cfg.num_generations < 2:
         _fail(
             f"num_generations is {cfg.num_generations}, but one rollout cannot show whether a prompt is "

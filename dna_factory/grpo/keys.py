@@ -12,7 +12,7 @@ from typing import Literal
 from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
 from dna_factory.grpo.alarms import LearningAlarms
-from dna_factory.grpo.answer_formats import warn_unasked_answer_formats
+from dna_factory.grpo.answer_formats import check_gold_cells, warn_unasked_answer_formats
 from dna_factory.validation import dataset_columns
 from rewards.registry import check_reward_columns, resolve_rewards
 
@@ -70,7 +70,8 @@ def validate_rewards(cfg: ResolvedConfig) -> None:
         )
     columns = dataset_columns(cfg)
     if columns is not None:
-        check_reward_columns(entries, columns | {"prompt", "completion"})
+        check_reward_columns(entries, columns)
+    check_gold_cells(cfg)
     warn_unasked_answer_formats(cfg)
 
 
