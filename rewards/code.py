@@ -4,7 +4,8 @@ For each completion the reward takes the program (by default the last fenced Pyt
 see :func:`extract_code`), runs it with the row's tests in :mod:`rewards.sandbox`, and returns
 the fraction of tests that passed (or 1.0 only when all passed, with ``all_or_nothing``).
 
-Row columns (``tests_column``, default ``tests``; one of these shapes per row):
+Row columns (``tests_column``, default ``tests``, or a list of columns whose tests all run — CodeContests'
+hidden ``[private_tests, generated_tests]``; one of these shapes per cell):
 
 ==================================== ==========================================================
 ``["assert f(1) == 2", ...]``        assert-style tests (MBPP's ``test_list``): each string runs
@@ -210,6 +211,29 @@ def parse_tests(cell: Any, entry_point: str | None = None) -> TestSuite | None:
     )
 
 
+def merge_suites(cells: list[Any], entry_point: str | None = None) -> TestSuite | None:
+    """The tests of several cells of one row (one per tests column) as one suite; None when none has a test.
+
+    Raises:
+        ValueError: When one cell holds asserts or a script and another stdin/stdout cases.
+
+    Example:
+        >>> merge_suites([{"input": ["1"], "output": ["1"]}, {"input": [], "output": []}, None]).cases
+        (('1', '1'),)
+    """
+    suites = [suite for suite in (parse_tests(cell, entry_point) for cell in cells) if suite is not None]
+    if not suites:
+        return None
+    snippets = tuple(s for suite in suites for s in suite.snippets)
+    cases = tuple(c for suite in suites for c in suite.cases)
+    if snippets and cases:
+        raise ValueError(
+            "A row's tests columns hold both asserts (or a test script) and stdin/stdout cases; a program is "
+            "tested one way. Give the reward columns of one kind in tests_column."
+        )
+    return TestSuite(snippets=snippets, cases=cases)
+
+
 def same_output(actual: str, expected: str) -> bool:
     """Outputs equal up to trailing whitespace on each line and trailing blank lines.
 
@@ -240,7 +264,7 @@ class _Outcome:
 class CodeExecutionReward(Reward):
     """A picklable async code-execution reward; build it with :func:`make_code_execution_reward`."""
 
-    tests_column: str
+    tests_column: str | list[str]
     setup_column: str | None
     entry_point_column: str | None
     code_block: str
@@ -271,7 +295,21 @@ class CodeExecutionReward(Reward):
 
     def required_columns(self) -> set[str]:
         """Dataset columns this reward reads (for the recipe dry-run); ``entry_point`` is optional."""
-        return {self.tests_column} | ({self.setup_column} if self.setup_column else set())
+        return set(self._tests_columns) | ({self.setup_column} if self.setup_column else set())
+
+    @property
+    def _tests_columns(self) -> list[str]:
+        return [self.tests_column] if isinstance(self.tests_column, str) else list(self.tests_column)
+
+    def _suites(self, kwargs: dict[str, Any], n: int) -> list[list[Any]] | None:
+        """Per row, its tests cells (one per tests column), or None when a column is missing (logged once)."""
+        columns = []
+        for name in self._tests_columns:
+            cells = self.column_or_abstain(kwargs, name, n, holds="tests", option="tests_column")
+            if cells is None:
+                return None
+            columns.append(cells)
+        return [list(row) for row in zip(*columns, strict=True)]
 
     async def __call__(
         self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **kwargs: Any
@@ -279,7 +317,7 @@ class CodeExecutionReward(Reward):
         """Score a batch: passed / total tests per completion (see the module docstring)."""
         n = len(completions)
         applies = self.applies(kwargs, n)
-        cells = self.column_or_abstain(kwargs, self.tests_column, n, holds="tests", option="tests_column")
+        cells = self._suites(kwargs, n)
         if cells is None:
             return [None] * n
         setups = column(kwargs, self.setup_column, n) if self.setup_column else None
@@ -289,7 +327,7 @@ class CodeExecutionReward(Reward):
         jobs = []
         for i in range(n):
             entry_point = entry_points[i] if entry_points is not None else None
-            suite = parse_tests(cells[i], str(entry_point) if entry_point else None) if applies[i] else None
+            suite = merge_suites(cells[i], str(entry_point) if entry_point else None) if applies[i] else None
             setup = setups[i] if setups is not None else None
             jobs.append(self._score(semaphore, completions[i], suite, setup))
         outcomes = await asyncio.gather(*jobs)
@@ -376,7 +414,7 @@ def _crashed(run: ExecutionResult) -> bool:
 
 
 def make_code_execution_reward(
-    tests_column: str = "tests",
+    tests_column: str | list[str] = "tests",
     setup_column: str | None = None,
     entry_point_column: str | None = "entry_point",
     code_block: str = "last",
@@ -393,7 +431,10 @@ def make_code_execution_reward(
     r"""Build the code-execution reward (YAML: ``{factory: code_execution, ...}``).
 
     Args:
-        tests_column: The column holding each row's tests (shapes in the module docstring).
+        tests_column: The column holding each row's tests (shapes in the module docstring), or a list of
+            columns whose tests all run (CodeContests' hidden tests: ``[private_tests, generated_tests]``).
+            Reward tests the prompt does not show: a program that prints the shown outputs passes shown
+            tests (``--dry_run`` warns when a tests column is in the prompt).
         setup_column: A column of code run after the program and before the tests (e.g. MBPP's
             ``test_setup_code``); None for none.
         entry_point_column: The column naming the function a HumanEval ``check(candidate)``
@@ -429,6 +470,16 @@ def make_code_execution_reward(
         isolation = boundary_for(isolation, f"code reward {name or 'code_execution'!r}")
     except ValueError as exc:
         raise RewardConfigError(str(exc)) from None
+    columns = [tests_column] if isinstance(tests_column, str) else tests_column
+    if (
+        not isinstance(columns, (list, tuple))
+        or not columns
+        or not all(isinstance(c, str) and c for c in columns)
+    ):
+        raise RewardConfigError(
+            f"Code reward option tests_column={tests_column!r} is neither a column name nor a list of column "
+            "names. Write e.g. tests_column: tests, or tests_column: [private_tests, generated_tests]."
+        )
     if code_block not in CODE_BLOCKS:
         raise RewardConfigError(f"Unknown code_block {code_block!r}. Use one of: {', '.join(CODE_BLOCKS)}.")
     if concurrency is None:
@@ -443,7 +494,7 @@ def make_code_execution_reward(
     except ValueError as exc:
         raise RewardConfigError(f"Code reward limits are invalid: {exc}") from exc
     return CodeExecutionReward(
-        tests_column=tests_column,
+        tests_column=tests_column if isinstance(tests_column, str) else list(tests_column),
         setup_column=setup_column,
         entry_point_column=entry_point_column,
         code_block=code_block,

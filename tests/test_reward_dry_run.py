@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from dna_factory.runner import main
 
@@ -109,3 +110,35 @@ def test_the_column_error_offers_only_the_datas_own_columns(tmp_path, write_yaml
     assert "solution" in offered and "Did you mean 'solution'?" in err
     for filled in ("prompt", "completion", "label"):
         assert filled not in offered.replace("solution", ""), offered
+
+
+# --------------------------------------------------------------------------- #33 item 3: tests the prompt shows
+
+CODING_AGENT = ("configs/grpo/agent-coding-qwen3-4B.yaml", "configs/grpo/agent-coding-glm-4.5-air.yaml")
+
+
+@pytest.mark.parametrize("recipe", CODING_AGENT)
+def test_the_coding_agent_recipes_reward_hidden_tests_and_shown_tests_warn(tmp_path, recipe):
+    """CodeContests' public tests are the examples its description prints: a program printing the shown outputs
+    scored 1.0. The shipped recipes reward private + generated tests; the same recipe on public_tests warns."""
+    from tests.conftest import REPO, run_cli
+
+    shipped = yaml.safe_load((REPO / recipe).read_text())
+    [reward] = shipped["reward_funcs"]
+    assert reward["tests_column"] == ["private_tests", "generated_tests"]
+    proc = run_cli("grpo.py", "--config", recipe, "--rehearse", "--dry_run")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "prompt shows every one of them" not in proc.stderr
+
+    visible = dict(shipped, reward_funcs=[{**reward, "tests_column": "tests"}])
+    visible["datasets"] = [
+        dict(shipped["datasets"][0], columns={"description": "prompt", "public_tests": "tests"})
+    ]
+    path = tmp_path / "visible.yaml"
+    path.write_text(yaml.safe_dump(visible))
+    proc = run_cli("grpo.py", "--config", str(path), "--rehearse", "--dry_run")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warning = [line for line in proc.stderr.splitlines() if "prompt shows every one of them" in line]
+    assert len(warning) == 1 and "tests_column: [private_tests, generated_tests]" in warning[0], proc.stderr[
+        -3000:
+    ]

@@ -13,6 +13,7 @@ from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
 from dna_factory.grpo.alarms import LearningAlarms
 from dna_factory.grpo.answer_formats import check_gold_cells, warn_unasked_answer_formats
+from dna_factory.grpo.shown_tests import warn_shown_tests
 from dna_factory.validation import dataset_columns
 from rewards.registry import check_reward_columns, resolve_rewards
 
@@ -73,6 +74,7 @@ def validate_rewards(cfg: ResolvedConfig) -> None:
         check_reward_columns(entries, columns)
     check_gold_cells(cfg)
     warn_unasked_answer_formats(cfg)
+    warn_shown_tests(cfg)
 
 
 def learning_alarms(stage_args: GRPOStageArguments, funcs: list) -> LearningAlarms:

@@ -34,8 +34,10 @@ No installed package carries CodeContests' stdin/stdout problems, so its twin re
 problems in that shape: the description is MBPP's task plus an I/O contract (one line of stdin holds
 the call's arguments as a Python literal, stdout is the ``repr`` of the result), and each MBPP
 ``assert f(args) == value`` becomes one ``{input, output}`` case. Only asserts of that exact form,
-with literal arguments and a value of plain type, are used. The gold is MBPP's reference program
-with the two-line I/O wrapper.
+with literal arguments and a value of plain type, are used. As in CodeContests, the first case is the
+public example, printed in the description (``Example`` / ``Input`` / ``Output``); the second is
+``private_tests``, the rest ``generated_tests`` (hidden: the prompt never shows them). The gold is
+MBPP's reference program with the two-line I/O wrapper.
 
 Gold answers: GSM8K's ``short_answer`` (not re-read from the ``#### 72`` line the reward parses),
 MBPP's reference program, the search questions' answers; MATH states its gold only as the last
@@ -248,6 +250,7 @@ IO_CONTRACT = (
     "\n\nInput: one line holding the arguments of `{name}` as a Python tuple literal. "
     "Output: print `repr()` of what `{name}` returns for them."
 )
+EXAMPLE = "\n\nExample\n\nInput\n\n{input}\n\nOutput\n\n{output}\n"
 IO_WRAPPER = "\nimport ast, sys\nprint(repr({name}(*ast.literal_eval(sys.stdin.readline()))))\n"
 
 
@@ -257,18 +260,23 @@ def code_contests(n: int) -> tuple[list[dict], list[str]]:
     for d in _olmo_docs("codex_mbpp"):
         cases = [_io_case(t) for t in d["test_list"]]
         names = {c[0] for c in cases if c}
-        if not cases or None in cases or len(names) != 1 or d["test_setup_code"]:
+        if len(cases) < 2 or None in cases or len(names) != 1 or d["test_setup_code"]:
             continue
         name = names.pop()
-        tests = {"input": [c[1] + "\n" for c in cases], "output": [c[2] + "\n" for c in cases]}
+        tests = [{"input": [c[1] + "\n"], "output": [c[2] + "\n"]} for c in cases]
+        generated = {
+            "input": [i for t in tests[2:] for i in t["input"]],
+            "output": [o for t in tests[2:] for o in t["output"]],
+        }
+        shown = EXAMPLE.format(input=cases[0][1], output=cases[0][2])
         program = d["code"].replace("\r\n", "\n").rstrip() + "\n" + IO_WRAPPER.format(name=name)
         rows.append(
             {
                 "name": f"mbpp_{d['task_id']}",
-                "description": d["text"] + IO_CONTRACT.format(name=name),
-                "public_tests": tests,
-                "private_tests": {"input": [], "output": []},
-                "generated_tests": {"input": [], "output": []},
+                "description": d["text"] + IO_CONTRACT.format(name=name) + shown,
+                "public_tests": tests[0],
+                "private_tests": tests[1],
+                "generated_tests": generated,
                 "source": 0,
                 "difficulty": 0,
                 "solutions": {"language": [3], "solution": [program]},
@@ -314,14 +322,15 @@ for program, inputs, outputs in json.load(sys.stdin):
 
 
 def _reproduces(rows: list[dict], programs: list[str]) -> list[bool]:
-    """Per row, whether MBPP's reference program prints exactly the stated outputs (MBPP's asserts accept
+    """Per row, whether MBPP's reference program prints exactly the stated outputs (every case) (MBPP's asserts accept
     ``16.0 == 16`` and ``0 == False``; a stdout comparison does not). Runs MBPP's own reference code, in one
     child interpreter."""
     import subprocess
     import sys
 
+    kinds = ("public_tests", "private_tests", "generated_tests")
     payload = [
-        [p, r["public_tests"]["input"], r["public_tests"]["output"]]
+        [p, [i for k in kinds for i in r[k]["input"]], [o for k in kinds for o in r[k]["output"]]]
         for r, p in zip(rows, programs, strict=True)
     ]
     done = subprocess.run(

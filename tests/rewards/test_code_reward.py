@@ -588,3 +588,32 @@ def test_docstring_examples():
     )
     for module in modules:
         assert doctest.testmod(module).failed == 0
+
+
+# --------------------------------------------------------------------------- #33 item 3: hidden tests
+
+
+def test_tests_from_several_columns_are_one_suite():
+    """CodeContests' hidden tests live in two columns (private_tests, generated_tests): the reward runs both;
+    an empty column adds nothing; a row with no test in any column abstains."""
+    reward = make_code_execution_reward(tests_column=["private_tests", "generated_tests"])
+    assert reward.required_columns() == {"private_tests", "generated_tests"}
+    echo = "```python\nprint(int(input()) * 2)\n```"
+    wrong_on_generated = "```python\nx = int(input())\nprint(x * 2 if x < 5 else 0)\n```"
+    private = [{"input": ["1\n", "2\n"], "output": ["2\n", "4\n"]}] * 3 + [{"input": [], "output": []}]
+    generated = [{"input": ["7\n"], "output": ["14\n"]}] * 3 + [{"input": [], "output": []}]
+    scores = asyncio.run(
+        reward(prompts=["q"] * 4, completions=[echo, wrong_on_generated, "no code", echo],
+               private_tests=private, generated_tests=generated)
+    )  # fmt: skip
+    assert scores == [1.0, pytest.approx(2 / 3), 0.0, None]
+    assert required_columns({"factory": "code_execution", "tests_column": ["a", "b"]}) == {"a", "b"}
+    with pytest.raises(RewardConfigError, match="tests_column"):
+        make_code_execution_reward(tests_column=[])
+
+
+def test_asserts_and_stdin_cases_do_not_mix_across_columns():
+    reward = make_code_execution_reward(tests_column=["a", "b"])
+    with pytest.raises(ValueError, match="both"):
+        asyncio.run(reward(prompts=["q"], completions=["```python\nx=1\n```"], a=[["assert x == 1"]],
+                           b=[{"input": ["1"], "output": ["1"]}]))  # fmt: skip
