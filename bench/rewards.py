@@ -73,16 +73,43 @@ def _read_docs(task_dir: Path) -> list[dict]:
     return docs
 
 
-def _equivalent(answer: str) -> str | None:
-    """The same value in another form that math_verify accepts, or None when no rule applies."""
+def _equivalent_forms(answer: str) -> list[tuple[str, str]]:
+    """``(form, text)``: the same value written the ways models write it; the bench keeps the ones math_verify
+    accepts for its equivalence targets."""
     answer = answer.strip().strip("$").strip()
+    forms = []
     frac = _FRAC.match(answer)
     if frac:
-        return f"{frac.group(1)}/{frac.group(2)}"
+        a, b = frac.group(1), frac.group(2)
+        forms += [
+            ("slash", f"{a}/{b}"),
+            ("dfrac", f"\\dfrac{{{a}}}{{{b}}}"),
+            ("tfrac", f"\\tfrac{{{a}}}{{{b}}}"),
+        ]
+        if len(a.lstrip("-")) == 1 and len(b) == 1 and not a.startswith("-"):
+            forms.append(("frac_short", f"\\frac{a}{b}"))
+        value = int(a) / int(b)
+        if round(value, 6) == value:
+            forms.append(("decimal", f"{value:g}"))
     if _INT.match(answer):
         value = int(answer)
-        return f"{value:,}" if abs(value) >= 1000 else f"{value}.0"
-    return None
+        forms += [
+            ("trailing_zero", f"{value}.0"),
+            ("x_equals", f"x = {value}"),
+            ("text_unit", f"{value}\\text{{ cm}}"),
+        ]
+        if abs(value) >= 1000:
+            forms.append(("thousands", f"{value:,}"))
+        if 0 < value < 360:
+            forms.append(("degrees", f"{value}^\\circ"))
+    sqrt = re.fullmatch(r"\\sqrt\{(\d)\}", answer)
+    if sqrt:
+        forms.append(("sqrt_short", f"\\sqrt{sqrt.group(1)}"))
+    if answer.startswith("(") and answer.endswith(")") and "," in answer:
+        forms.append(("left_right", f"\\left{answer[:-1]}\\right)"))
+    if "\\frac" in answer and "\\dfrac" not in answer:
+        forms.append(("dfrac", answer.replace("\\frac", "\\dfrac")))
+    return forms
 
 
 def _swap_boxed(text: str, new_answer: str) -> str:
@@ -147,10 +174,16 @@ def build_pairs(rng: random.Random, limit: int | None) -> tuple[list[dict], str]
                     {"variant": "wrong", "completion": _swap_boxed(solution, other.strip("$")), "gold": gold}
                 )
                 break
-        rewrite = _equivalent(gold)
-        if rewrite is not None:
+        forms = _equivalent_forms(gold)
+        if forms:
+            form, rewrite = rng.choice(forms)
             pairs.append(
-                {"variant": "equivalent", "completion": _swap_boxed(solution, rewrite), "gold": gold}
+                {
+                    "variant": "equivalent",
+                    "form": form,
+                    "completion": _swap_boxed(solution, rewrite),
+                    "gold": gold,
+                }
             )
     rng.shuffle(pairs)
     return (pairs[:limit] if limit else pairs), source
@@ -200,6 +233,14 @@ def main() -> int:
     print("string-match done; running math_verify accuracy_reward (slow) ...", flush=True)
     mv_scores, mv_seconds = _run(accuracy_reward, completions, golds, args.batch)
 
+    math_match = make_string_match_reward("boxed", answer_column="solution", equivalence="math")
+    math_best = float("inf")
+    for _ in range(args.repeat):
+        _clear_math_caches()
+        math_scores, seconds = _run(math_match, completions, golds, args.batch)
+        math_best = min(math_best, seconds)
+    math_result = _math_targets(pairs, math_scores, mv_scores, mv_seconds, math_best)
+
     def agreement(indices: list[int]) -> dict:
         both = [i for i in indices if sm_scores[i] is not None and mv_scores[i] is not None]
         same = sum(sm_scores[i] == mv_scores[i] for i in both)
@@ -236,6 +277,7 @@ def main() -> int:
             "ratio_met": mv_seconds / best >= TARGET_RATIO,
             "us_met": sm_us <= TARGET_US,
         },
+        "math_equivalence": math_result,
         "machine": {
             "python": platform.python_version(),
             "processor": platform.processor() or platform.machine(),
@@ -260,10 +302,102 @@ def main() -> int:
             f"{_fmt(row['string_match_mean']):>9}{_fmt(row['accuracy_reward_mean']):>9}"
             f"{row['accuracy_reward_none']:>9}"
         )
+    print()
+    _print_math(math_result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"\nwrote {args.out}")
     return 0
+
+
+MATH_TARGETS = {
+    "equivalent_credited": 0.95,
+    "correct_credited": 0.995,
+    "wrong_credited": 0.005,
+    "speed_ratio": 500.0,
+}
+
+
+def _clear_math_caches() -> None:
+    from rewards import math_equivalence
+
+    verifiable._normalized_gold.cache_clear()
+    verifiable._gold_answer.cache_clear()
+    math_equivalence._math_equal.cache_clear()
+    math_equivalence.evaluate.cache_clear()
+    math_equivalence.canonical.cache_clear()
+    math_equivalence._tokens.cache_clear()
+    math_equivalence.symbolic_equal.cache_clear()
+
+
+def _share(indices: list[int], scores: list, value: float) -> float | None:
+    return sum(scores[i] == value for i in indices) / len(indices) if indices else None
+
+
+def _math_targets(pairs: list[dict], scores: list, mv: list, mv_seconds: float, seconds: float) -> dict:
+    """``equivalence: math`` against math_verify: the share of equivalent forms math_verify accepts that it
+    credits, of correct answers, of wrong answers math_verify rejects, and the speed over the whole mix."""
+    variant = {
+        v: [i for i, p in enumerate(pairs) if p["variant"] == v] for v in ("correct", "wrong", "equivalent")
+    }
+    accepted = [i for i in variant["equivalent"] if mv[i] == 1.0]
+    rejected = [i for i in variant["wrong"] if mv[i] == 0.0]
+    forms = sorted({pairs[i]["form"] for i in variant["equivalent"]})
+    result = {
+        "equivalent_credited": _share(accepted, scores, 1.0),
+        "equivalent_pairs_math_verify_accepts": len(accepted),
+        "correct_credited": _share(variant["correct"], scores, 1.0),
+        "wrong_credited": _share(rejected, scores, 1.0),
+        "wrong_pairs_math_verify_rejects": len(rejected),
+        "none": sum(s is None for s in scores),
+        "seconds": seconds,
+        "us_per_sample": seconds / len(pairs) * 1e6,
+        "speed_ratio": mv_seconds / seconds,
+        "by_form": {
+            form: {
+                "math_verify_accepts": len([i for i in accepted if pairs[i]["form"] == form]),
+                "credited": _share([i for i in accepted if pairs[i]["form"] == form], scores, 1.0),
+            }
+            for form in forms
+        },
+    }
+    result["targets"] = dict(MATH_TARGETS)
+    result["targets_met"] = {
+        "equivalent_credited": (result["equivalent_credited"] or 0) >= MATH_TARGETS["equivalent_credited"],
+        "correct_credited": (result["correct_credited"] or 0) >= MATH_TARGETS["correct_credited"],
+        "wrong_credited": (result["wrong_credited"] or 0) <= MATH_TARGETS["wrong_credited"],
+        "speed_ratio": result["speed_ratio"] >= MATH_TARGETS["speed_ratio"],
+    }
+    return result
+
+
+def _print_math(r: dict) -> None:
+    met = r["targets_met"]
+    print("string_match equivalence: math, against math_verify (targets in brackets)")
+    print(
+        f"  equivalent forms math_verify accepts, credited: {_pct(r['equivalent_credited'])} of "
+        f"{r['equivalent_pairs_math_verify_accepts']} (>= 95%) {'ok' if met['equivalent_credited'] else 'MISSED'}"
+    )
+    print(
+        f"  correct answers credited:                       {_pct(r['correct_credited'])} (>= 99.5%) "
+        f"{'ok' if met['correct_credited'] else 'MISSED'}"
+    )
+    print(
+        f"  wrong answers math_verify rejects, credited:    {_pct(r['wrong_credited'])} of "
+        f"{r['wrong_pairs_math_verify_rejects']} (<= 0.5%) {'ok' if met['wrong_credited'] else 'MISSED'}"
+    )
+    print(
+        f"  speed: {r['us_per_sample']:.1f} us/sample, {r['speed_ratio']:,.0f}x math_verify (>= 500x) "
+        f"{'ok' if met['speed_ratio'] else 'MISSED'}; None (fallback timed out): {r['none']}"
+    )
+    for form, row in r["by_form"].items():
+        print(
+            f"    {form:<14}{row['math_verify_accepts']:>6} accepted by math_verify, credited {_pct(row['credited'])}"
+        )
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2%}"
 
 
 def _mean(values: list) -> float | None:

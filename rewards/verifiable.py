@@ -5,8 +5,9 @@ extracts the gold answer from ``kwargs[answer_column]`` the same way, or with ``
 when the dataset writes its gold in another form (GSM8K's ``#### 72`` while the prompt asks for
 ``\boxed{}``), falling back to the raw gold string when extraction finds nothing; normalises both with :func:`normalize_answer` and
 returns 1.0 when they are equal, else 0.0. It is chosen for speed (a few microseconds per
-sample), determinism and no dependencies when gold answers are already canonical. Unlike TRL's
-``accuracy_reward`` (math_verify), it treats ``0.5`` and ``1/2`` as different answers.
+sample), determinism and no dependencies when gold answers are already canonical. By default, unlike
+TRL's ``accuracy_reward`` (math_verify), it treats ``0.5`` and ``1/2`` as different answers; with
+``equivalence: math`` it credits the same number or object in any form (:mod:`rewards.math_equivalence`).
 
 A sample gets ``None`` ("does not apply", never counted as 0.0) when its gold value is missing
 or empty, when ``only_label`` is set and the row's ``label`` differs, and when ``only_label`` is
@@ -42,6 +43,10 @@ from functools import lru_cache
 from typing import Any
 
 from rewards.interface import Reward, completion_text
+from rewards.math_equivalence import math_equal
+
+EQUIVALENCES = ("exact", "math")
+"""String-match ``equivalence`` choices."""
 
 logger = logging.getLogger(__name__)
 
@@ -210,6 +215,13 @@ def _normalized_gold(extractor: str, gold: str) -> str | None:
     return normalized or None
 
 
+@lru_cache(maxsize=4096)
+def _gold_answer(extractor: str, gold: str) -> str:
+    """The gold answer as extracted (the raw cell when the extractor finds nothing), not normalised."""
+    extracted = EXTRACTORS[extractor](gold)
+    return extracted if extracted is not None else gold
+
+
 def _gold_string(value: Any) -> str | None:
     """A gold cell as a non-empty string, or None when it is missing or empty."""
     if value is None:
@@ -231,6 +243,7 @@ class StringMatchReward(Reward):
     extractor: str
     answer_column: str
     gold_extractor: str | None = None
+    equivalence: str = "exact"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -259,7 +272,13 @@ class StringMatchReward(Reward):
                 scores.append(None)
                 continue
             answer = extract(completion_text(completion))
-            scores.append(1.0 if answer is not None and normalize_answer(answer) == gold_norm else 0.0)
+            if answer is not None and normalize_answer(answer) == gold_norm:
+                scores.append(1.0)
+            elif answer is None or self.equivalence == "exact":
+                scores.append(0.0)
+            else:  # math: the same number or object in another form; None when undecidable in time
+                verdict = math_equal(answer, _gold_answer(self.gold_extractor, gold_text))
+                scores.append(None if verdict is None else float(verdict))
         return scores
 
 
@@ -269,6 +288,7 @@ def make_string_match_reward(
     only_label: str | None = None,
     name: str | None = None,
     gold_extractor: str | None = None,
+    equivalence: str = "exact",
 ) -> StringMatchReward:
     r"""Build a string-match reward (S-RW-3).
 
@@ -278,6 +298,10 @@ def make_string_match_reward(
         answer_column: The dataset column holding the gold answer.
         gold_extractor: How the answer is found in the gold cell (default: ``extractor``), e.g.
             ``gsm8k`` for GSM8K's ``answer`` column while completions answer in ``\boxed{}``.
+        equivalence: ``exact`` (default: equal after :func:`normalize_answer`) or ``math``: also
+            1.0 for the same number or object written another way (``\dfrac12`` for ``\frac{1}{2}``,
+            ``0.5``, ``50\%``, ``x = 3\text{ cm}`` for ``3``, tuples, intervals, sets;
+            :mod:`rewards.math_equivalence`), None when its symbolic fallback runs out of time.
         only_label: Score only rows whose ``label`` column equals this; others get None.
         name: The reward's ``__name__``, which TRL uses for its metric names
             (``rewards/<name>/mean``); defaults to ``string_match_<extractor>``.
@@ -298,6 +322,10 @@ def make_string_match_reward(
         >>> boxed(prompts=["q"] * 2, completions=[r"so \boxed{1,000}.", "#### 1000"], answer=["... #### 1000"] * 2)
         [1.0, 0.0]
     """
+    if equivalence not in EQUIVALENCES:
+        raise ValueError(
+            f"Unknown string-match equivalence {equivalence!r}. Use one of: {', '.join(EQUIVALENCES)}."
+        )
     for key, value in (("extractor", extractor), ("gold_extractor", gold_extractor)):
         if value is not None and value not in EXTRACTORS:
             raise ValueError(
@@ -309,6 +337,7 @@ def make_string_match_reward(
         only_label=only_label,
         name=name or f"string_match_{extractor}",
         gold_extractor=gold_extractor,
+        equivalence=equivalence,
     )
 
 

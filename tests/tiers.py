@@ -19,6 +19,7 @@ FAST, SLOW, MIXED = "fast", "slow", "mixed"
 TIERS: dict[str, str] = {
     "tests/rewards/test_code_reward.py": FAST,
     "tests/rewards/test_instruction_reward.py": FAST,
+    "tests/rewards/test_math_equivalence.py": FAST,
     "tests/rewards/test_judge_vllm.py": FAST,
     "tests/rewards/test_options.py": FAST,
     "tests/rewards/test_rewards_bench.py": FAST,

@@ -1,0 +1,609 @@
+r"""Math answer equivalence for string-match (``equivalence: math``): fast canonical forms, exact numbers,
+and a bounded symbolic fallback.
+
+:func:`math_equal` decides whether an extracted answer and a gold answer are the same mathematical
+object. Three steps, the first that decides wins:
+
+1. **Canonical strings** (:func:`canonical`): ``\dfrac``/``\tfrac`` -> ``\frac``, ``\frac12`` ->
+   ``\frac{1}{2}``, ``\sqrt2`` -> ``\sqrt{2}``, no ``\left``/``\right``/spacing commands, no
+   ``\text{...}`` units or degree signs, no ``x =`` prefix, no thousands separators, lower case.
+2. **Values**: tuples, intervals, sets and lists of solutions are split at their top-level commas
+   (tuples and intervals in order with the same brackets, sets and bare lists in any order) and
+   compared item by item; an item is evaluated by a small LaTeX expression evaluator
+   (:func:`evaluate`): exact rational arithmetic for numbers, fractions, decimals, percentages and
+   scientific notation (so two different numbers are never equal), floating point only where
+   ``\sqrt``, ``\pi`` or a non-integer power appear; expressions with variables are compared at
+   three fixed points.
+3. **Symbolic fallback** for what the evaluator cannot read (``\sin``, matrices, ...):
+   ``math_verify.verify`` in a separate process with a per-pair time limit; a timeout or a crash
+   gives None (the reward abstains), never a silent 0.0 or 1.0. Results are cached.
+
+Example:
+    >>> math_equal(r"\dfrac12", r"\frac{1}{2}"), math_equal("0.5", r"\frac{1}{2}"), math_equal("50\\%", "0.5")
+    (True, True, True)
+    >>> math_equal(r"x = 3\text{ cm}", "3"), math_equal("(1,2]", "(1, 2]"), math_equal("(1,2)", "[1,2]")
+    (True, True, False)
+    >>> math_equal(r"2\sqrt2", r"\sqrt{8}"), math_equal("1.2e3", r"1.2\times10^{3}"), math_equal("0.3333", r"\frac13")
+    (True, True, False)
+"""
+
+from __future__ import annotations
+
+import cmath
+import logging
+import math
+import re
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from fractions import Fraction
+from functools import lru_cache
+
+logger = logging.getLogger(__name__)
+
+FALLBACK_TIMEOUT_S = 5.0
+"""Seconds one symbolic comparison may take before the pair gets None."""
+REL_TOL = 1e-9
+"""Relative tolerance for values that are not exact (``\\sqrt``, ``\\pi``, variables)."""
+POINTS = (
+    (0.7311, 1.3179, 0.5123, 1.9021, -0.3827, 2.4495),
+    (1.6180, 0.4142, 2.2361, -1.2247, 0.9239, 3.1623),
+    (-0.8660, 2.7183, 1.1412, 0.6931, 1.7321, -2.0801),
+)
+"""Where expressions with variables are compared: up to six variables, in alphabetical order, take these values."""
+
+# --------------------------------------------------------------------------- 1. canonical strings
+
+_SPACING = re.compile(r"(?<!\\)\\(?:left|right|displaystyle|textstyle|!|,|;|:|\s)|~")
+_FRAC_SHORT = re.compile(r"\\[dtc]?frac\s*(\d|\{[^{}]*\}|\\[a-z]+)\s*(\d|\{[^{}]*\}|\\[a-z]+)")
+_SQRT_SHORT = re.compile(r"\\sqrt\s*(\d+|[a-z])")
+_TEXT = re.compile(r"\\(?:text|textbf|textit|mbox|mathrm|mathbf|operatorname)\s*\{([^{}]*)\}")
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\circ|\\degree")
+_PREFIX = re.compile(r"^\s*(?:[a-z]|\\[a-z]+)(?:_\{?\w+\}?)?\s*=\s*(?=[^=]+$)")
+_UNIT_TAIL = re.compile(
+    r"^(.*?\d)\s*(?:sq\.?\s*|square\s*|cubic\s*)?(?:units?|cm|mm|km|m|meters?|inches|inch|in|feet|foot|ft|miles?|mph|"
+    r"hours?|hrs?|minutes?|mins?|seconds?|sec|s|days?|weeks?|years?|dollars?|cents?|degrees?|pounds?|lbs?|kg|g|"
+    r"grams?|liters?|l|ml|gallons?|ounces?|oz|people|students|cookies|apples|points|percent)(?:\^?\{?[23]\}?)?\.?$"
+)
+_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:,\d{3})+(?![\d])(?!,\d)")
+_SPACES = re.compile(r"\s+")
+_WORD = re.compile(r"[a-z]{2,}")
+_AS_WRITTEN = re.compile(r"\\(?:overline|angle|triangle|mathbb|underline|vec|hat|bar|circ)(?![a-z])")
+_WORDS = re.compile(r"(?<![\\a-z])[a-z]{3,}")
+_RELATION = re.compile(r"[=<>]|\\(?:in|le|ge|leq|geq|neq|ne|lt|gt|pm|mp|subset|subseteq|cup|cap)(?![a-z])")
+
+
+_PLAIN = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+"""A plain decimal number (thousands commas allowed): compared exactly, before any canonical form."""
+
+
+def _plain_number(text: str) -> str | None:
+    """A plain number's exact canonical digits (``-1,000.50`` -> ``-1000.5``), or None for anything else."""
+    text = text.strip().strip("$").strip()
+    if not _PLAIN.fullmatch(text):
+        return None
+    sign, digits = ("-", text[1:]) if text[0] == "-" else ("", text)
+    whole, _, part = digits.replace(",", "").partition(".")
+    whole, part = whole.lstrip("0") or "0", part.rstrip("0")
+    number = whole + "." + part if part else whole
+    return "0" if number == "0" else sign + number
+
+
+@lru_cache(maxsize=65536)
+def canonical(text: str) -> str:
+    r"""The canonical string of an answer (step 1 of the module docstring).
+
+    Example:
+        >>> canonical(r"$x = \left( \dfrac12, 3{,}000 \right)$")
+        '(\\frac{1}{2},3000)'
+    """
+    s = text.strip().strip("$").strip()
+    s = s.replace("{,}", ",").replace(",\\!", ",").replace("\\$", "").replace("\\%", "%")
+    s = _SPACING.sub(" ", s)
+    s = _DEGREES.sub("", s)
+    tail = re.search(r"^(.*\S)\s*\\(?:text|mbox|mathrm)\s*\{\s*[a-zA-Z][^{}]*\}\s*$", s)
+    if tail and re.search(r"(?:[\d}]|\\pi)\s*$", tail.group(1)):
+        s = tail.group(1)  # a unit after a value: "10\text{ cm}"
+    s = _TEXT.sub(r"\1", s)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac")
+    s = s.replace("\\dbinom", "\\binom").replace("\\tbinom", "\\binom")
+    s = _FRAC_SHORT.sub(lambda m: f"\\frac{{{m.group(1).strip('{}')}}}{{{m.group(2).strip('{}')}}}", s)
+    s = _SQRT_SHORT.sub(r"\\sqrt{\1}", s)
+    s = " ".join(s.split()).lower().rstrip(".").strip()
+    s = _PREFIX.sub("", s)
+    unit = _UNIT_TAIL.match(s)
+    if unit:
+        s = unit.group(1)
+    if "," in s:
+        s = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), s)
+    s = _SPACES.sub("", s)
+    while len(s) > 1 and s[0] == "{" and s[-1] == "}" and _balanced(s[1:-1]):
+        s = s[1:-1]
+    return s
+
+
+def _balanced(s: str) -> bool:
+    depth = 0
+    for char in s:
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+# --------------------------------------------------------------------------- 2. values
+
+_TOKEN = re.compile(
+    r"(?P<num>\d+\.?\d*(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?)|(?P<cmd>\\(?:arcsin|arccos|arctan|sin|cos|tan|cot|sec|csc|ln|log|exp)(?![a-z]*\{)|\\[a-z]+)|(?P<var>[a-z])|(?P<op>[-+*/^(){}\[\]%!])"
+)
+_MUL = {"\\cdot", "\\times", "\\ast"}
+_DIV = {"\\div"}
+_GREEK = {
+    "\\alpha", "\\beta", "\\gamma", "\\delta", "\\theta", "\\lambda", "\\mu", "\\phi", "\\omega", "\\sigma", "\\tau",
+}  # fmt: skip
+
+
+_FUNCTIONS = {
+    "\\sin": cmath.sin, "\\cos": cmath.cos, "\\tan": cmath.tan, "\\cot": lambda x: 1 / cmath.tan(x),
+    "\\sec": lambda x: 1 / cmath.cos(x), "\\csc": lambda x: 1 / cmath.sin(x), "\\ln": cmath.log,
+    "\\log": cmath.log, "\\exp": cmath.exp, "\\arcsin": cmath.asin, "\\arccos": cmath.acos,
+    "\\arctan": cmath.atan,
+}  # fmt: skip
+"""Functions the evaluator reads (radians, natural log), as sympy and math_verify read them."""
+
+
+class _Unreadable(Exception):
+    """The evaluator cannot read this expression: the symbolic fallback decides."""
+
+
+@lru_cache(maxsize=65536)
+def _tokens(s: str) -> tuple[str, ...]:
+    out, i = [], 0
+    while i < len(s):
+        m = _TOKEN.match(s, i)
+        if not m:
+            raise _Unreadable(s[i:])
+        out.append(m.group(0))
+        i = m.end()
+    return tuple(out)
+
+
+class _Parser:
+    """A recursive-descent evaluator of one LaTeX expression at one point (variables -> values)."""
+
+    def __init__(self, tokens: list[str], point: dict[str, complex]):
+        self.t, self.i, self.point = tokens, 0, point
+
+    def peek(self) -> str | None:
+        return self.t[self.i] if self.i < len(self.t) else None
+
+    def take(self, expected: str | None = None) -> str:
+        token = self.peek()
+        if token is None or (expected is not None and token != expected):
+            raise _Unreadable(f"expected {expected!r}")
+        self.i += 1
+        return token
+
+    def parse(self):
+        value = self.sum()
+        if self.peek() is not None:
+            raise _Unreadable(f"left over {self.peek()!r}")
+        return value
+
+    def sum(self):
+        value = self.product()
+        while self.peek() in ("+", "-"):
+            op = self.take()
+            right = self.product()
+            value = value + right if op == "+" else value - right
+        return value
+
+    def product(self):
+        value = self.unary()
+        while True:
+            token = self.peek()
+            if token in ("*", *_MUL):
+                self.take()
+                value = value * self.unary()
+            elif token in ("/", *_DIV):
+                self.take()
+                right = self.unary()
+                if right == 0:
+                    raise _Unreadable("division by zero")
+                value = value / right
+            elif token is not None and self._starts_atom(token):
+                value = value * self.power()  # implicit multiplication: 2x, 2\pi, (1)(2)
+            else:
+                return value
+
+    @staticmethod
+    def _starts_atom(token: str) -> bool:
+        return (
+            token in ("(", "{", "\\frac", "\\binom", "\\sqrt", "\\pi", *_GREEK, *_FUNCTIONS)
+            or token[0].isdigit()
+            or token[0] == "."
+            or (len(token) == 1 and token.isalpha())
+        )
+
+    def unary(self):
+        if self.peek() == "-":
+            self.take()
+            return -self.unary()
+        if self.peek() == "+":
+            self.take()
+            return self.unary()
+        return self.power()
+
+    def power(self):
+        base = self.atom()
+        if self.peek() == "!":
+            self.take()
+            if not (isinstance(base, Fraction) and base.denominator == 1 and 0 <= base <= 5000):
+                raise _Unreadable("factorial")
+            base = Fraction(math.factorial(int(base)))
+        if self.peek() == "%":
+            self.take()
+            base = base / 100 if isinstance(base, Fraction) else base / 100.0
+        if self.peek() == "^":
+            self.take()
+            exponent = self.group() if self.peek() == "{" else self.unary_atom()
+            return _pow(base, exponent)
+        return base
+
+    def unary_atom(self):
+        if self.peek() == "-":
+            self.take()
+            return -self.atom()
+        return self.atom()
+
+    def group(self):
+        self.take("{")
+        value = self.sum()
+        self.take("}")
+        return value
+
+    def atom(self):
+        token = self.take()
+        if token[0].isdigit() or token[0] == ".":
+            if "e" in token:
+                mantissa, _, exponent = token.partition("e")
+                return Fraction(mantissa) * Fraction(10) ** int(exponent)
+            return Fraction(token)
+        if token in ("(", "["):
+            value = self.sum()
+            self.take(")" if token == "(" else "]")
+            return value
+        if token == "{":
+            value = self.sum()
+            self.take("}")
+            return value
+        if token == "\\frac":
+            numerator = self.group()
+            denominator = self.group()
+            if denominator == 0:
+                raise _Unreadable("division by zero")
+            return numerator / denominator
+        if token == "\\binom":
+            n, k = self.group(), self.group()
+            if not (
+                isinstance(n, Fraction) and isinstance(k, Fraction) and n.denominator == k.denominator == 1
+            ):
+                raise _Unreadable("binom")
+            if not 0 <= k <= n <= 10000:
+                raise _Unreadable("binom")
+            return Fraction(math.comb(int(n), int(k)))
+        if token == "\\sqrt":
+            if self.peek() == "[":
+                self.take("[")
+                degree = self.sum()
+                self.take("]")
+                return _pow(self.group(), 1 / degree if not isinstance(degree, Fraction) else 1 / degree)
+            return _pow(self.group(), Fraction(1, 2))
+        if token == "\\pi":
+            return cmath.pi
+        if token in _FUNCTIONS:
+            if self.peek() == "^":  # \sin^2 x
+                self.take()
+                exponent = self.group() if self.peek() == "{" else self.atom()
+                return _pow(complex(_FUNCTIONS[token](complex(self.power()))), exponent)
+            return complex(_FUNCTIONS[token](complex(self.power())))
+        if token == "\\infty":
+            raise _Unreadable("infinity")
+        if token in _GREEK or (len(token) == 1 and token.isalpha()):
+            if token not in self.point:
+                raise _Unreadable(f"no value for {token}")
+            return self.point[token]
+        raise _Unreadable(token)
+
+
+def _pow(base, exponent):
+    if isinstance(base, Fraction) and isinstance(exponent, Fraction):
+        if exponent.denominator == 1 and abs(exponent) <= 64 and not (base == 0 and exponent < 0):
+            return base**exponent.numerator
+        root = _exact_root(base, exponent)
+        if root is not None:
+            return root
+    try:
+        return complex(base) ** complex(exponent)
+    except (OverflowError, ZeroDivisionError) as exc:
+        raise _Unreadable(str(exc)) from None
+
+
+def _exact_root(base: Fraction, exponent: Fraction) -> Fraction | None:
+    """``base ** exponent`` when it is rational (``\\sqrt{4}``, ``8^{2/3}``), else None."""
+    if base < 0 or exponent.denominator > 8:
+        return None
+    n = exponent.denominator
+    num, den = round(base.numerator ** (1 / n)), round(base.denominator ** (1 / n))
+    if num**n == base.numerator and den**n == base.denominator:
+        return Fraction(num, den) ** exponent.numerator
+    return None
+
+
+def _variables(tokens: list[str]) -> list[str]:
+    return sorted({t for t in tokens if t in _GREEK or (len(t) == 1 and t.isalpha())})
+
+
+@lru_cache(maxsize=65536)
+def evaluate(s: str, variables: tuple[str, ...] = ()) -> tuple | None:
+    r"""The values of canonical expression ``s`` at :data:`POINTS` (one value when it has no variable), or
+    None when the evaluator cannot read it. Exact (a ``Fraction``) for rational arithmetic.
+
+    Example:
+        >>> evaluate(r"\frac{3}{4}")
+        (Fraction(3, 4),)
+        >>> evaluate("-1.5e2")
+        (Fraction(-150, 1),)
+    """
+    try:
+        tokens = _tokens(s)
+        names = sorted(set(_variables(tokens)) | set(variables))
+        if len(names) > len(POINTS[0]):
+            return None
+        if not names:
+            return (_Parser(tokens, {}).parse(),)
+        return tuple(_Parser(tokens, dict(zip(names, point, strict=False))).parse() for point in POINTS)
+    except (_Unreadable, ValueError, ZeroDivisionError, OverflowError, RecursionError):
+        return None
+
+
+def _same_value(a, b) -> bool:
+    if isinstance(a, Fraction) and isinstance(b, Fraction):
+        return a == b
+    a, b = complex(a), complex(b)
+    return abs(a - b) <= REL_TOL * max(abs(a), abs(b), 1e-12)
+
+
+_OPEN_CLOSE = {"(": ")", "[": "]", "\\{": "\\}"}
+
+
+def _split_top(s: str) -> list[str]:
+    """``s`` split at commas outside any bracket or brace."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(s):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(s[start:i])
+            start = i + 1
+    parts.append(s[start:])
+    return parts
+
+
+def _sequence(s: str) -> tuple[str, list[str]] | None:
+    """``(kind, items)`` for a tuple/interval (kind: its two brackets), a set (``set``) or a bare list of
+    solutions (``set``); None for a single value."""
+    if s.startswith("\\{") and s.endswith("\\}"):
+        return "set", _split_top(s[2:-2])
+    if len(s) >= 2 and s[0] in "([" and s[-1] in ")]":
+        inner = s[1:-1]
+        items = _split_top(inner)
+        if len(items) > 1 and _balanced_all(inner):
+            return s[0] + s[-1], items
+        return None
+    items = _split_top(s)
+    return ("set", items) if len(items) > 1 else None
+
+
+def _balanced_all(s: str) -> bool:
+    depth = 0
+    for char in s:
+        depth += 1 if char in "([{" else -1 if char in ")]}" else 0
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def _percent_forms(s: str) -> list[str]:
+    """``50%`` also reads as ``50``: a percentage may be compared as written or as its fraction."""
+    return [s, s[:-1]] if s.endswith("%") and len(s) > 1 else [s]
+
+
+def _decide(a: str, g: str) -> bool | None:
+    """Steps 1-2 for canonical strings; None: the evaluator cannot decide (the fallback does)."""
+    if a == g:
+        return True
+    if (
+        "_" in a
+        or "_" in g
+        or ":" in a
+        or ":" in g
+        or _WORDS.search(a)
+        or _WORDS.search(g)
+        or _AS_WRITTEN.search(a + g)
+    ):
+        return False  # subscripts (a base, an index), ratios, times and words are compared as written
+    if _RELATION.search(a) or _RELATION.search(g):
+        # an equation, an inequality, x \in S, a \pm b: as written; only two of them may be the same in another form
+        return None if _RELATION.search(a) and _RELATION.search(g) else False
+    matrix_a, matrix_g = _matrix(a), _matrix(g)
+    if matrix_a is not None or matrix_g is not None:
+        if matrix_a is None or matrix_g is None or [len(r) for r in matrix_a] != [len(r) for r in matrix_g]:
+            return (
+                False
+                if (matrix_a is not None or "\\begin" not in a)
+                and (matrix_g is not None or "\\begin" not in g)
+                else None
+            )
+        return _all_items([x for r in matrix_a for x in r], [y for r in matrix_g for y in r])
+    if ("\\cup" in a) != ("\\cup" in g):
+        return False  # a union of intervals is compared with a union
+    seq_a, seq_g = _sequence(a), _sequence(g)
+    if seq_a or seq_g:
+        if not (seq_a and seq_g):
+            return False  # a tuple, an interval or a list of solutions is never one value
+        if seq_a[0] != seq_g[0] or len(seq_a[1]) != len(seq_g[1]):
+            return False
+        if seq_a[0] != "set":
+            return _all_items(seq_a[1], seq_g[1])
+        return _same_multiset(seq_a[1], seq_g[1])
+    if _WORD.fullmatch(a) or _WORD.fullmatch(g):
+        return False  # a word ("east", "odd") is its own canonical form
+    undecided = False
+    for form_a in _percent_forms(a):
+        for form_g in _percent_forms(g):
+            names = tuple(sorted(set(_var_names(form_a)) | set(_var_names(form_g))))
+            va, vg = evaluate(form_a, names), evaluate(form_g, names)
+            if va is None or vg is None:
+                undecided = True
+                continue
+            if all(_same_value(x, y) for x, y in zip(va, vg, strict=True)):
+                return True
+    return None if undecided else False
+
+
+def _all_items(xs: list[str], ys: list[str]) -> bool | None:
+    verdicts = [_decide(x, y) for x, y in zip(xs, ys, strict=True)]
+    return False if False in verdicts else (None if None in verdicts else True)
+
+
+_MATRIX = re.compile(r"^\\begin\{([pbv]?matrix)\}(.*)\\end\{\1\}$")
+
+
+def _matrix(s: str) -> list[list[str]] | None:
+    """A matrix's entries by row, or None when ``s`` is not one matrix."""
+    m = _MATRIX.match(s)
+    if not m:
+        return None
+    return [row.split("&") for row in m.group(2).split("\\\\")]
+
+
+def _var_names(s: str) -> list[str]:
+    try:
+        return _variables(_tokens(s))
+    except _Unreadable:
+        return []
+
+
+def _same_multiset(xs: list[str], ys: list[str]) -> bool | None:
+    left = list(ys)
+    undecided = False
+    for x in xs:
+        for j, y in enumerate(left):
+            verdict = _decide(x, y)
+            if verdict:
+                del left[j]
+                break
+            undecided = undecided or verdict is None
+        else:
+            return None if undecided else False
+    return True
+
+
+# --------------------------------------------------------------------------- 3. the symbolic fallback
+
+_POOL: ProcessPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _verify(answer: str, gold: str) -> bool:
+    """Runs in the fallback process: math_verify's parse and verify (its own signal timeouts work there)."""
+    from math_verify import parse, verify
+
+    return bool(verify(parse(f"${gold}$"), parse(f"${answer}$")))
+
+
+def _pool() -> ProcessPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            import multiprocessing
+
+            _POOL = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        return _POOL
+
+
+def _reset_pool() -> None:
+    """A worker stuck past its limit is killed; the next fallback starts a new one."""
+    global _POOL
+    with _POOL_LOCK:
+        pool, _POOL = _POOL, None
+    if pool is not None:
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _verify_here(answer: str, gold: str, timeout_s: float) -> bool:
+    """math_verify in this process, bounded by its own SIGALRM timeouts (main thread only)."""
+    from math_verify import parse, verify
+
+    seconds = max(1, math.ceil(timeout_s))
+    parsed_gold = parse(f"${gold}$", parsing_timeout=seconds, raise_on_error=True)
+    parsed = parse(f"${answer}$", parsing_timeout=seconds, raise_on_error=True)
+    return bool(verify(parsed_gold, parsed, timeout_seconds=seconds, raise_on_error=True))
+
+
+@lru_cache(maxsize=16384)
+def symbolic_equal(answer: str, gold: str, timeout_s: float = FALLBACK_TIMEOUT_S) -> bool | None:
+    """math_verify's verdict on a pair, within ``timeout_s`` seconds; None on a timeout or a failure.
+
+    On the main thread it runs here, bounded by math_verify's SIGALRM timeouts; elsewhere (an event
+    loop's thread, where signals cannot be set) in a one-process pool, bounded by the wait for its result.
+    """
+    if threading.current_thread() is threading.main_thread():
+        try:
+            return _verify_here(answer, gold, timeout_s)
+        except Exception as exc:  # math_verify's TimeoutException and parse errors: never a silent verdict
+            logger.warning(
+                "Math equivalence: %r vs %r: %s; the sample gets None.", answer, gold, exc or type(exc)
+            )
+            return None
+    try:
+        future = _pool().submit(_verify, answer, gold)
+        return future.result(timeout=timeout_s)
+    except FutureTimeout:
+        logger.warning(
+            "Math equivalence: %r vs %r took over %g s; the sample gets None.", answer, gold, timeout_s
+        )
+        _reset_pool()
+        return None
+    except Exception as exc:  # a crashed worker or a math_verify error: never a silent verdict
+        logger.warning("Math equivalence: %r vs %r failed (%s); the sample gets None.", answer, gold, exc)
+        _reset_pool()
+        return None
+
+
+def math_equal(answer: str, gold: str) -> bool | None:
+    r"""Whether ``answer`` and ``gold`` are the same mathematical object; None when undecidable in time.
+
+    Example:
+        >>> math_equal(r"\{2, -1\}", "-1, 2"), math_equal("3.10", "3.1"), math_equal("1,000", "1000")
+        (True, True, True)
+    """
+    a, g = _plain_number(answer), _plain_number(gold)
+    if a is not None and g is not None:
+        return a == g  # two plain numbers (most GSM8K pairs): exact, without the canonical forms
+    return _math_equal(canonical(answer), canonical(gold))
+
+
+@lru_cache(maxsize=65536)
+def _math_equal(a: str, g: str) -> bool | None:
+    if not a or not g:
+        return a == g
+    verdict = _decide(a, g)
+    if verdict is not None:
+        return verdict
+    return symbolic_equal(a, g)

@@ -1,0 +1,194 @@
+r"""#33 item 1 and 4: ``equivalence: math`` credits a right answer in the form a model writes it, never a
+different number, and abstains (None) when its symbolic fallback runs out of time.
+
+The answers below are written the way Qwen3 and GLM-4.5 write them (``\dfrac``, ``\frac12``, ``x = ``,
+units, degree signs, ``\left( \right)``), not copied from the gold string.
+"""
+
+from __future__ import annotations
+
+import threading
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rewards import math_equivalence
+from rewards.math_equivalence import canonical, math_equal, symbolic_equal
+from rewards.verifiable import make_string_match_reward
+
+REPO = Path(__file__).resolve().parents[2]
+
+SAME = [  # (what the model wrote, the gold)
+    (r"\dfrac{1}{2}", r"\frac{1}{2}"),
+    (r"\tfrac{1}{2}", r"\frac{1}{2}"),
+    (r"\frac12", r"\frac{1}{2}"),
+    (r"\dfrac{3}{4}", "0.75"),
+    ("0.5", r"\frac{1}{2}"),
+    ("50\\%", r"\frac{1}{2}"),
+    ("50\\%", "50"),
+    ("12.5%", "0.125"),
+    ("1,000", "1000"),
+    ("1{,}000", "1000"),
+    (r"1,\!000", "1000"),
+    (r"\left( 1, 2 \right)", "(1,2)"),
+    (r"\text{5 cm}", "5"),
+    (r"5\text{ cm}", "5"),
+    (r"90^\circ", "90"),
+    (r"90^{\circ}", "90"),
+    ("x = 3", "3"),
+    ("3.10", "3.1"),
+    ("3.000", "3"),
+    (r"\sqrt2", r"\sqrt{2}"),
+    (r"2\sqrt{2}", r"\sqrt{8}"),
+    (r"\frac{\sqrt{3}}{2}", r"\frac{1}{2}\sqrt{3}"),
+    ("(1, 2)", "(1,2)"),
+    ("[0, 1)", "[0,1)"),
+    (r"(-\infty, 3]", r"(-\infty,3]"),
+    (r"\{2, -1\}", r"\{-1, 2\}"),
+    ("2, -1", "-1, 2"),
+    (r"2\pi", r"2 \pi"),
+    (r"\frac{\pi}{2}", r"\frac12\pi"),
+    (r"\dfrac{\pi}{4}", r"\frac\pi4"),
+    ("-0.5", r"-\frac{1}{2}"),
+    (r"\frac{-1}{2}", r"-\frac{1}{2}"),
+    ("1.2e3", "1200"),
+    (r"1.2 \times 10^{3}", "1200"),
+    (r"x^2 + 2x + 1", r"(x+1)^2"),
+    (r"\$18.00", "18"),
+    (r"\dbinom{5}{2}", "10"),
+    (r"\frac{1}{2004!}", r"\frac{1}{2004!}"),
+    (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", r"\begin{pmatrix}1\\2\end{pmatrix}"),
+]
+
+DIFFERENT = [
+    (r"\frac{1}{3}", "0.3333"),
+    ("0.33", r"\frac{1}{3}"),
+    ("1000", "1001"),
+    ("-2", "2"),
+    ("(1, 2)", "(2, 1)"),
+    ("(1, 2)", "[1, 2]"),
+    ("(1, 2)", "1, 2"),
+    (r"\{1, 2\}", r"\{1, 2, 3\}"),
+    (r"\sqrt{2}", "1.414"),
+    (r"2\pi", "6.28"),
+    ("x + 1", "x - 1"),
+    ("7", r"\begin{pmatrix}7\end{pmatrix}"),
+    ("east", "west"),
+    ("1.2e3", "1.2e4"),
+    (r"10_2", "10"),
+    ("x > 2", "2"),
+    (r"3\pm2\sqrt{2}", r"3+2\sqrt{2}"),
+    (r"\overline{12}", "12"),
+    ("3:1", "3"),
+]
+
+
+@pytest.mark.parametrize(("answer", "gold"), SAME)
+def test_the_same_value_in_another_form_is_credited(answer, gold):
+    assert math_equal(answer, gold) is True
+    assert math_equal(gold, answer) is True
+
+
+@pytest.mark.parametrize(("answer", "gold"), DIFFERENT)
+def test_a_different_value_is_not_credited(answer, gold):
+    assert math_equal(answer, gold) is False
+    assert math_equal(gold, answer) is False
+
+
+def test_the_canonical_form_removes_what_does_not_change_the_value():
+    assert canonical(r"$x = \left( \dfrac12, 3{,}000 \right)$") == r"(\frac{1}{2},3000)"
+    assert canonical(r"10\text{ inches}") == "10"
+
+
+@st.composite
+def _rationals(draw):
+    numerator = draw(st.integers(-(10**6), 10**6))
+    denominator = draw(st.integers(1, 10**4))
+    return Fraction(numerator, denominator)
+
+
+def _forms(value: Fraction) -> list[str]:
+    sign = "-" if value < 0 else ""
+    n, d = abs(value.numerator), value.denominator
+    forms = [f"{sign}\\frac{{{n}}}{{{d}}}", f"{sign}\\dfrac{{{n}}}{{{d}}}", f"{sign}{n}/{d}"]
+    if d == 1:
+        forms += [f"{int(value)}", f"{int(value)}.0", f"{int(value):,}"]
+    elif 10**6 % d == 0:  # a terminating decimal
+        forms.append(f"{float(value):.6f}")
+    return forms
+
+
+@settings(max_examples=300, deadline=None)
+@given(_rationals(), _rationals(), st.data())
+def test_math_equivalence_never_credits_a_different_number(a, b, data):
+    """Any two written forms of two rationals are credited exactly when the rationals are equal."""
+    form_a = data.draw(st.sampled_from(_forms(a)))
+    form_b = data.draw(st.sampled_from(_forms(b)))
+    assert math_equal(form_a, form_b) is (a == b), (form_a, form_b)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(-(10**9), 10**9), st.integers(1, 10**9))
+def test_two_close_integers_are_never_equal(n, delta):
+    assert math_equal(str(n), str(n + delta)) is False
+    assert math_equal(f"{n:,}", f"{n + delta:,}") is False
+
+
+def test_a_fallback_out_of_time_gives_none_not_a_verdict():
+    """Off the main thread the symbolic fallback runs in a worker process; one past its limit is None."""
+    result = {}
+
+    def ask():
+        result["verdict"] = symbolic_equal.__wrapped__(r"\sin(x)^2", r"1-\cos(x)^2", timeout_s=0.001)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    thread.join(60)
+    assert result == {"verdict": None}
+    assert math_equivalence._POOL is None  # the stuck worker was killed
+
+
+def test_the_fallback_decides_what_the_evaluator_cannot_read():
+    assert math_equal(r"\overline{12}", r"\overline{12}") is True  # equal strings: no fallback
+    assert symbolic_equal.__wrapped__(r"\sin^{2}(x)+\cos^{2}(x)", "1") is True
+
+
+COMPLETIONS = [  # (completion as a model writes it, gold, exact, math)
+    (r"So the probability is $\boxed{\dfrac{1}{2}}$.", r"\frac{1}{2}", 0.0, 1.0),
+    (r"The answer is $\boxed{\frac12}$.", r"\frac{1}{2}", 0.0, 1.0),
+    (r"Thus $x = \boxed{0.5}$, since half of the cases work.", r"\frac{1}{2}", 0.0, 1.0),
+    (r"Therefore the final answer is $\boxed{18}$. I hope it is correct.", "18", 1.0, 1.0),
+    (r"The total is $\boxed{\$18.00}$", "18", 0.0, 1.0),
+    (r"The angle measures $\boxed{30^\circ}$.", "30", 0.0, 1.0),
+    (r"The answer is $\boxed{\dfrac{1}{3}}$.", r"\frac{1}{2}", 0.0, 0.0),
+    ("I could not solve it.", r"\frac{1}{2}", 0.0, 0.0),
+]
+
+
+@pytest.mark.parametrize(("completion", "gold", "exact", "math"), COMPLETIONS)
+def test_string_match_with_math_equivalence_scores_model_written_answers(completion, gold, exact, math):
+    """The default stays exact, as the reward spec says; ``equivalence: math`` credits the same value."""
+    for equivalence, expected in (("exact", exact), ("math", math)):
+        reward = make_string_match_reward("boxed", answer_column="solution", equivalence=equivalence)
+        message = [{"role": "assistant", "content": completion}]
+        assert reward(prompts=["q"], completions=[message], solution=[gold]) == [expected], equivalence
+
+
+def test_an_unknown_equivalence_is_refused():
+    with pytest.raises(ValueError, match="equivalence"):
+        make_string_match_reward("boxed", equivalence="sympy")
+
+
+def test_the_math_recipes_use_math_equivalence():
+    """Every shipped recipe's string-match reward on MATH or GSM8K answers credits equivalent forms."""
+    found = 0
+    for path in sorted((REPO / "configs" / "grpo").glob("*.yaml")):
+        for entry in yaml.safe_load(path.read_text()).get("reward_funcs") or []:
+            if isinstance(entry, dict) and entry.get("only_label") in ("math", "gsm8k"):
+                found += 1
+                assert entry.get("equivalence") == "math", (path.name, entry)
+    assert found >= 5
