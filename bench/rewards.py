@@ -319,14 +319,14 @@ MATH_TARGETS = {
 
 
 def _clear_math_caches() -> None:
-    from rewards import math_equivalence
+    from rewards import latex_eval, math_equivalence
 
     verifiable._normalized_gold.cache_clear()
     verifiable._gold_answer.cache_clear()
     math_equivalence._math_equal.cache_clear()
-    math_equivalence.evaluate.cache_clear()
     math_equivalence.canonical.cache_clear()
-    math_equivalence._tokens.cache_clear()
+    latex_eval.evaluate.cache_clear()
+    latex_eval.tokenize.cache_clear()
     math_equivalence.symbolic_equal.cache_clear()
 
 

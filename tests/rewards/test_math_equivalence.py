@@ -192,3 +192,12 @@ def test_the_math_recipes_use_math_equivalence():
                 found += 1
                 assert entry.get("equivalence") == "math", (path.name, entry)
     assert found >= 5
+
+
+def test_the_modules_examples_hold():
+    import doctest
+
+    from rewards import latex_eval
+
+    for module in (math_equivalence, latex_eval):
+        assert doctest.testmod(module).failed == 0, module.__name__

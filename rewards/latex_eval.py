@@ -1,0 +1,265 @@
+r"""A small evaluator of LaTeX answers for :mod:`rewards.math_equivalence`: exact where it can be.
+
+:func:`evaluate` reads one canonical answer (``\\frac{3}{4}``, ``2\\sqrt{2}``, ``1.2e3``, ``x^2+1``,
+``\\binom{5}{2}``, ``12.5%``, ``\\cos x``) and returns its value — a ``Fraction`` for rational
+arithmetic (so two different numbers never compare equal), a complex number where ``\\sqrt``, ``\\pi``,
+a function or a non-integer power appears — at :data:`POINTS` when it has variables. What it cannot read
+raises :class:`Unreadable` inside and gives None outside.
+"""
+
+from __future__ import annotations
+
+import cmath
+import math
+import re
+from fractions import Fraction
+from functools import lru_cache
+
+REL_TOL = 1e-9
+"""Relative tolerance for values that are not exact (``\\sqrt``, ``\\pi``, variables)."""
+POINTS = (
+    (0.7311, 1.3179, 0.5123, 1.9021, -0.3827, 2.4495),
+    (1.6180, 0.4142, 2.2361, -1.2247, 0.9239, 3.1623),
+    (-0.8660, 2.7183, 1.1412, 0.6931, 1.7321, -2.0801),
+)
+"""Where expressions with variables are compared: up to six variables, in alphabetical order, take these values."""
+
+_TOKEN = re.compile(
+    r"(?P<num>\d+\.?\d*(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?)|(?P<cmd>\\(?:arcsin|arccos|arctan|sin|cos|tan|cot|sec|csc|ln|log|exp)(?![a-z]*\{)|\\[a-z]+)|(?P<var>[a-z])|(?P<op>[-+*/^(){}\[\]%!])"
+)
+_MUL = {"\\cdot", "\\times", "\\ast"}
+_DIV = {"\\div"}
+_GREEK = {
+    "\\alpha", "\\beta", "\\gamma", "\\delta", "\\theta", "\\lambda", "\\mu", "\\phi", "\\omega", "\\sigma", "\\tau",
+}  # fmt: skip
+
+
+_FUNCTIONS = {
+    "\\sin": cmath.sin, "\\cos": cmath.cos, "\\tan": cmath.tan, "\\cot": lambda x: 1 / cmath.tan(x),
+    "\\sec": lambda x: 1 / cmath.cos(x), "\\csc": lambda x: 1 / cmath.sin(x), "\\ln": cmath.log,
+    "\\log": cmath.log, "\\exp": cmath.exp, "\\arcsin": cmath.asin, "\\arccos": cmath.acos,
+    "\\arctan": cmath.atan,
+}  # fmt: skip
+"""Functions the evaluator reads (radians, natural log), as sympy and math_verify read them."""
+
+
+class Unreadable(Exception):
+    """The evaluator cannot read this expression: the symbolic fallback decides."""
+
+
+@lru_cache(maxsize=65536)
+def tokenize(s: str) -> tuple[str, ...]:
+    out, i = [], 0
+    while i < len(s):
+        m = _TOKEN.match(s, i)
+        if not m:
+            raise Unreadable(s[i:])
+        out.append(m.group(0))
+        i = m.end()
+    return tuple(out)
+
+
+class _Parser:
+    """A recursive-descent evaluator of one LaTeX expression at one point (variables -> values)."""
+
+    def __init__(self, tokens: list[str], point: dict[str, complex]):
+        self.t, self.i, self.point = tokens, 0, point
+
+    def peek(self) -> str | None:
+        return self.t[self.i] if self.i < len(self.t) else None
+
+    def take(self, expected: str | None = None) -> str:
+        token = self.peek()
+        if token is None or (expected is not None and token != expected):
+            raise Unreadable(f"expected {expected!r}")
+        self.i += 1
+        return token
+
+    def parse(self):
+        value = self.sum()
+        if self.peek() is not None:
+            raise Unreadable(f"left over {self.peek()!r}")
+        return value
+
+    def sum(self):
+        value = self.product()
+        while self.peek() in ("+", "-"):
+            op = self.take()
+            right = self.product()
+            value = value + right if op == "+" else value - right
+        return value
+
+    def product(self):
+        value = self.unary()
+        while True:
+            token = self.peek()
+            if token in ("*", *_MUL):
+                self.take()
+                value = value * self.unary()
+            elif token in ("/", *_DIV):
+                self.take()
+                right = self.unary()
+                if right == 0:
+                    raise Unreadable("division by zero")
+                value = value / right
+            elif token is not None and self._starts_atom(token):
+                value = value * self.power()  # implicit multiplication: 2x, 2\pi, (1)(2)
+            else:
+                return value
+
+    @staticmethod
+    def _starts_atom(token: str) -> bool:
+        return (
+            token in ("(", "{", "\\frac", "\\binom", "\\sqrt", "\\pi", *_GREEK, *_FUNCTIONS)
+            or token[0].isdigit()
+            or token[0] == "."
+            or (len(token) == 1 and token.isalpha())
+        )
+
+    def unary(self):
+        if self.peek() == "-":
+            self.take()
+            return -self.unary()
+        if self.peek() == "+":
+            self.take()
+            return self.unary()
+        return self.power()
+
+    def power(self):
+        base = self.atom()
+        if self.peek() == "!":
+            self.take()
+            if not (isinstance(base, Fraction) and base.denominator == 1 and 0 <= base <= 5000):
+                raise Unreadable("factorial")
+            base = Fraction(math.factorial(int(base)))
+        if self.peek() == "%":
+            self.take()
+            base = base / 100 if isinstance(base, Fraction) else base / 100.0
+        if self.peek() == "^":
+            self.take()
+            exponent = self.group() if self.peek() == "{" else self.unary_atom()
+            return _pow(base, exponent)
+        return base
+
+    def unary_atom(self):
+        if self.peek() == "-":
+            self.take()
+            return -self.atom()
+        return self.atom()
+
+    def group(self):
+        self.take("{")
+        value = self.sum()
+        self.take("}")
+        return value
+
+    def atom(self):
+        token = self.take()
+        if token[0].isdigit() or token[0] == ".":
+            if "e" in token:
+                mantissa, _, exponent = token.partition("e")
+                return Fraction(mantissa) * Fraction(10) ** int(exponent)
+            return Fraction(token)
+        if token in ("(", "["):
+            value = self.sum()
+            self.take(")" if token == "(" else "]")
+            return value
+        if token == "{":
+            value = self.sum()
+            self.take("}")
+            return value
+        if token == "\\frac":
+            numerator = self.group()
+            denominator = self.group()
+            if denominator == 0:
+                raise Unreadable("division by zero")
+            return numerator / denominator
+        if token == "\\binom":
+            n, k = self.group(), self.group()
+            if not (
+                isinstance(n, Fraction) and isinstance(k, Fraction) and n.denominator == k.denominator == 1
+            ):
+                raise Unreadable("binom")
+            if not 0 <= k <= n <= 10000:
+                raise Unreadable("binom")
+            return Fraction(math.comb(int(n), int(k)))
+        if token == "\\sqrt":
+            if self.peek() == "[":
+                self.take("[")
+                degree = self.sum()
+                self.take("]")
+                return _pow(self.group(), 1 / degree if not isinstance(degree, Fraction) else 1 / degree)
+            return _pow(self.group(), Fraction(1, 2))
+        if token == "\\pi":
+            return cmath.pi
+        if token in _FUNCTIONS:
+            if self.peek() == "^":  # \sin^2 x
+                self.take()
+                exponent = self.group() if self.peek() == "{" else self.atom()
+                return _pow(complex(_FUNCTIONS[token](complex(self.power()))), exponent)
+            return complex(_FUNCTIONS[token](complex(self.power())))
+        if token == "\\infty":
+            raise Unreadable("infinity")
+        if token in _GREEK or (len(token) == 1 and token.isalpha()):
+            if token not in self.point:
+                raise Unreadable(f"no value for {token}")
+            return self.point[token]
+        raise Unreadable(token)
+
+
+def _pow(base, exponent):
+    if isinstance(base, Fraction) and isinstance(exponent, Fraction):
+        if exponent.denominator == 1 and abs(exponent) <= 64 and not (base == 0 and exponent < 0):
+            return base**exponent.numerator
+        root = _exact_root(base, exponent)
+        if root is not None:
+            return root
+    try:
+        return complex(base) ** complex(exponent)
+    except (OverflowError, ZeroDivisionError) as exc:
+        raise Unreadable(str(exc)) from None
+
+
+def _exact_root(base: Fraction, exponent: Fraction) -> Fraction | None:
+    """``base ** exponent`` when it is rational (``\\sqrt{4}``, ``8^{2/3}``), else None."""
+    if base < 0 or exponent.denominator > 8:
+        return None
+    n = exponent.denominator
+    num, den = round(base.numerator ** (1 / n)), round(base.denominator ** (1 / n))
+    if num**n == base.numerator and den**n == base.denominator:
+        return Fraction(num, den) ** exponent.numerator
+    return None
+
+
+def variable_names(tokens: list[str]) -> list[str]:
+    return sorted({t for t in tokens if t in _GREEK or (len(t) == 1 and t.isalpha())})
+
+
+@lru_cache(maxsize=65536)
+def evaluate(s: str, variables: tuple[str, ...] = ()) -> tuple | None:
+    r"""The values of canonical expression ``s`` at :data:`POINTS` (one value when it has no variable), or
+    None when the evaluator cannot read it. Exact (a ``Fraction``) for rational arithmetic.
+
+    Example:
+        >>> evaluate(r"\frac{3}{4}")
+        (Fraction(3, 4),)
+        >>> evaluate("-1.5e2")
+        (Fraction(-150, 1),)
+    """
+    try:
+        tokens = tokenize(s)
+        names = sorted(set(variable_names(tokens)) | set(variables))
+        if len(names) > len(POINTS[0]):
+            return None
+        if not names:
+            return (_Parser(tokens, {}).parse(),)
+        return tuple(_Parser(tokens, dict(zip(names, point, strict=False))).parse() for point in POINTS)
+    except (Unreadable, ValueError, ZeroDivisionError, OverflowError, RecursionError):
+        return None
+
+
+def same_value(a, b) -> bool:
+    if isinstance(a, Fraction) and isinstance(b, Fraction):
+        return a == b
+    a, b = complex(a), complex(b)
+    return abs(a - b) <= REL_TOL * max(abs(a), abs(b), 1e-12)
