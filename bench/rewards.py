@@ -324,7 +324,7 @@ def _clear_math_caches() -> None:
     verifiable._normalized_gold.cache_clear()
     verifiable._gold_answer.cache_clear()
     math_equivalence._math_equal.cache_clear()
-    math_equivalence.canonical.cache_clear()
+    math_equivalence._parts.cache_clear()
     latex_eval.evaluate.cache_clear()
     latex_eval.tokenize.cache_clear()
     math_equivalence.symbolic_equal.cache_clear()

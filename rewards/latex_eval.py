@@ -1,6 +1,6 @@
 r"""A small evaluator of LaTeX answers for :mod:`rewards.math_equivalence`: exact where it can be.
 
-:func:`evaluate` reads one canonical answer (``\\frac{3}{4}``, ``2\\sqrt{2}``, ``1.2e3``, ``x^2+1``,
+:func:`evaluate` reads one canonical answer (``\\frac{3}{4}``, ``2\\sqrt{2}``, ``1.2\\times10^{3}``, ``x^2+1``,
 ``\\binom{5}{2}``, ``12.5%``, ``\\cos x``) and returns its value — a ``Fraction`` for rational
 arithmetic (so two different numbers never compare equal), a complex number where ``\\sqrt``, ``\\pi``,
 a function or a non-integer power appears — at :data:`POINTS` when it has variables. What it cannot read
@@ -15,8 +15,9 @@ import re
 from fractions import Fraction
 from functools import lru_cache
 
-REL_TOL = 1e-9
-"""Relative tolerance for values that are not exact (``\\sqrt``, ``\\pi``, variables)."""
+REL_TOL = 1e-13
+"""Tolerance (relative, and absolute near 0) for values that are not exact (``\\sqrt``, ``\\pi``, variables):
+rounding of a few floating-point operations, far below any decimal a model writes."""
 POINTS = (
     (0.7311, 1.3179, 0.5123, 1.9021, -0.3827, 2.4495),
     (1.6180, 0.4142, 2.2361, -1.2247, 0.9239, 3.1623),
@@ -25,7 +26,7 @@ POINTS = (
 """Where expressions with variables are compared: up to six variables, in alphabetical order, take these values."""
 
 _TOKEN = re.compile(
-    r"(?P<num>\d+\.?\d*(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?)|(?P<cmd>\\(?:arcsin|arccos|arctan|sin|cos|tan|cot|sec|csc|ln|log|exp)(?![a-z]*\{)|\\[a-z]+)|(?P<var>[a-z])|(?P<op>[-+*/^(){}\[\]%!])"
+    r"(?P<num>\d+\.?\d*|\.\d+)|(?P<cmd>\\(?:arcsin|arccos|arctan|sin|cos|tan|cot|sec|csc|ln|log|exp)(?![a-z]*\{)|\\[a-z]+)|(?P<var>[a-z])|(?P<op>[-+*/^(){}\[\]%!])"
 )
 _MUL = {"\\cdot", "\\times", "\\ast"}
 _DIV = {"\\div"}
@@ -147,6 +148,13 @@ class _Parser:
             return -self.atom()
         return self.atom()
 
+    def argument(self):
+        """A function's argument: the atoms that follow it without an operator (``\\sin 2x`` is sin(2x))."""
+        value = self.power()
+        while (token := self.peek()) is not None and self._starts_atom(token) and token not in _FUNCTIONS:
+            value = value * self.power()
+        return value
+
     def group(self):
         self.take("{")
         value = self.sum()
@@ -156,9 +164,6 @@ class _Parser:
     def atom(self):
         token = self.take()
         if token[0].isdigit() or token[0] == ".":
-            if "e" in token:
-                mantissa, _, exponent = token.partition("e")
-                return Fraction(mantissa) * Fraction(10) ** int(exponent)
             return Fraction(token)
         if token in ("(", "["):
             value = self.sum()
@@ -193,11 +198,14 @@ class _Parser:
         if token == "\\pi":
             return cmath.pi
         if token in _FUNCTIONS:
+            exponent = None
             if self.peek() == "^":  # \sin^2 x
                 self.take()
                 exponent = self.group() if self.peek() == "{" else self.atom()
-                return _pow(complex(_FUNCTIONS[token](complex(self.power()))), exponent)
-            return complex(_FUNCTIONS[token](complex(self.power())))
+            value = complex(_FUNCTIONS[token](complex(self.argument())))
+            return value if exponent is None else _pow(value, exponent)
+        if token == "e":
+            return cmath.e  # Euler's number, as sympy and math_verify read it
         if token == "\\infty":
             raise Unreadable("infinity")
         if token in _GREEK or (len(token) == 1 and token.isalpha()):
@@ -207,13 +215,24 @@ class _Parser:
         raise Unreadable(token)
 
 
+MAX_EXACT_POWER = 64
+"""The largest integer exponent computed exactly; above it, floating point (and overflow: unreadable)."""
+
+
 def _pow(base, exponent):
     if isinstance(base, Fraction) and isinstance(exponent, Fraction):
-        if exponent.denominator == 1 and abs(exponent) <= 64 and not (base == 0 and exponent < 0):
+        if (
+            exponent.denominator == 1
+            and abs(exponent) <= MAX_EXACT_POWER
+            and not (base == 0 and exponent < 0)
+        ):
             return base**exponent.numerator
-        root = _exact_root(base, exponent)
-        if root is not None:
-            return root
+        if exponent.denominator > 1 and abs(exponent.numerator) <= MAX_EXACT_POWER:
+            root = _exact_root(base, exponent)
+            if root is not None:
+                return root
+        if abs(exponent) > 4096 or abs(base) > 10**300:
+            raise Unreadable("too large")
     try:
         return complex(base) ** complex(exponent)
     except (OverflowError, ZeroDivisionError) as exc:
@@ -232,7 +251,7 @@ def _exact_root(base: Fraction, exponent: Fraction) -> Fraction | None:
 
 
 def variable_names(tokens: list[str]) -> list[str]:
-    return sorted({t for t in tokens if t in _GREEK or (len(t) == 1 and t.isalpha())})
+    return sorted({t for t in tokens if t in _GREEK or (len(t) == 1 and t.isalpha() and t != "e")})
 
 
 @lru_cache(maxsize=65536)
@@ -243,7 +262,7 @@ def evaluate(s: str, variables: tuple[str, ...] = ()) -> tuple | None:
     Example:
         >>> evaluate(r"\frac{3}{4}")
         (Fraction(3, 4),)
-        >>> evaluate("-1.5e2")
+        >>> evaluate("-1.5\\times10^{2}")
         (Fraction(-150, 1),)
     """
     try:
@@ -254,12 +273,16 @@ def evaluate(s: str, variables: tuple[str, ...] = ()) -> tuple | None:
         if not names:
             return (_Parser(tokens, {}).parse(),)
         return tuple(_Parser(tokens, dict(zip(names, point, strict=False))).parse() for point in POINTS)
-    except (Unreadable, ValueError, ZeroDivisionError, OverflowError, RecursionError):
+    except (Unreadable, ValueError, ZeroDivisionError, OverflowError, RecursionError, MemoryError, TypeError):
         return None
 
 
 def same_value(a, b) -> bool:
+    """Exact for two rationals; else within :data:`REL_TOL` (a value too large for a float is not the same)."""
     if isinstance(a, Fraction) and isinstance(b, Fraction):
         return a == b
-    a, b = complex(a), complex(b)
-    return abs(a - b) <= REL_TOL * max(abs(a), abs(b), 1e-12)
+    try:
+        a, b = complex(a), complex(b)
+    except OverflowError:
+        return False
+    return abs(a - b) <= REL_TOL * max(abs(a), abs(b), 1.0)

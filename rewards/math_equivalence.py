@@ -23,7 +23,7 @@ Example:
     (True, True, True)
     >>> math_equal(r"x = 3\text{ cm}", "3"), math_equal("(1,2]", "(1, 2]"), math_equal("(1,2)", "[1,2]")
     (True, True, False)
-    >>> math_equal(r"2\sqrt2", r"\sqrt{8}"), math_equal("1.2e3", r"1.2\times10^{3}"), math_equal("0.3333", r"\frac13")
+    >>> math_equal(r"2\sqrt2", r"\sqrt{8}"), math_equal("1200", r"1.2\times10^{3}"), math_equal("0.3333", r"\frac13")
     (True, True, False)
 """
 
@@ -35,6 +35,7 @@ import re
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from fractions import Fraction
 from functools import lru_cache
 
 from rewards.latex_eval import Unreadable, evaluate, same_value, tokenize, variable_names
@@ -47,16 +48,22 @@ FALLBACK_TIMEOUT_S = 5.0
 
 _SPACING = re.compile(r"(?<!\\)\\(?:left|right|displaystyle|textstyle|!|,|;|:|\s)|~")
 _FRAC_SHORT = re.compile(r"\\[dtc]?frac\s*(\d|\{[^{}]*\}|\\[a-z]+)\s*(\d|\{[^{}]*\}|\\[a-z]+)")
-_SQRT_SHORT = re.compile(r"\\sqrt\s*(\d+|[a-z])")
+_SQRT_SHORT = re.compile(r"\\sqrt\s*(\d|[a-z])")  # LaTeX: \sqrt23 is \sqrt{2}3
+_MIXED = re.compile(r"^(-?)(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}$")  # 2\frac{1}{2}: two and a half
 _TEXT = re.compile(r"\\(?:text|textbf|textit|mbox|mathrm|mathbf|operatorname)\s*\{([^{}]*)\}")
-_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\circ|\\degree")
-_PREFIX = re.compile(r"^\s*(?:[a-z]|\\[a-z]+)(?:_\{?\w+\}?)?\s*=\s*(?=[^=]+$)")
-_UNIT_TAIL = re.compile(
-    r"^(.*?\d)\s*(?:sq\.?\s*|square\s*|cubic\s*)?(?:units?|cm|mm|km|m|meters?|inches|inch|in|feet|foot|ft|miles?|mph|"
-    r"hours?|hrs?|minutes?|mins?|seconds?|sec|s|days?|weeks?|years?|dollars?|cents?|degrees?|pounds?|lbs?|kg|g|"
-    r"grams?|liters?|l|ml|gallons?|ounces?|oz|people|students|cookies|apples|points|percent)(?:\^?\{?[23]\}?)?\.?$"
+_TEXT_UNIT = re.compile(r"^(.*\S)\s*\\(?:text|mbox|mathrm)\s*\{\s*([a-zA-Z][a-zA-Z .]+?)\s*\}\s*$")
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree")
+_PREFIX = re.compile(r"^\s*((?:[a-z]|\\[a-z]+)(?:_\{?\w+\}?)?)\s*=\s*(?=[^=]+$)")
+_UNITS = (
+    r"units?|cm|mm|km|meters?|inches|inch|feet|foot|ft|miles?|mph|hours?|hrs?|minutes?|mins?|seconds?|sec|days?|"
+    r"weeks?|years?|dollars?|cents?|degrees?|pounds?|lbs?|kg|grams?|liters?|ml|gallons?|ounces?|oz|people|"
+    r"students|cookies|apples|points|percent"
 )
-_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:,\d{3})+(?![\d])(?!,\d)")
+_UNIT_TAIL = re.compile(rf"^(.*?\d)\s*((?:sq\.?\s*|square\s*|cubic\s*)?(?:{_UNITS})(?:\^?\{{?[23]\}}?)?)\.?$")
+_THOUSANDS = re.compile(r"-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")
+_GROUPING = re.compile(r"(?<=\d)(?:\{,\}|,\\!)(?=\d{3})")  # 3{,}000 and 3,\!000: thousands, in LaTeX
+_SUBSCRIPT = re.compile(r"_\{(\w+)\}")
+_AND_OR = re.compile(r"\s+(?:and|or)\s+")
 _SPACES = re.compile(r"\s+")
 _WORD = re.compile(r"[a-z]{2,}")
 _AS_WRITTEN = re.compile(r"\\(?:overline|angle|triangle|mathbb|underline|vec|hat|bar|circ)(?![a-z])")
@@ -64,7 +71,7 @@ _WORDS = re.compile(r"(?<![\\a-z])[a-z]{3,}")
 _RELATION = re.compile(r"[=<>]|\\(?:in|le|ge|leq|geq|neq|ne|lt|gt|pm|mp|subset|subseteq|cup|cap)(?![a-z])")
 
 
-_PLAIN = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_PLAIN = re.compile(r"-?(?:[1-9]\d{0,2}(?:,\d{3})+|\d+)(?:\.\d+)?")
 """A plain decimal number (thousands commas allowed): compared exactly, before any canonical form."""
 
 
@@ -81,36 +88,51 @@ def _plain_number(text: str) -> str | None:
 
 
 @lru_cache(maxsize=65536)
-def canonical(text: str) -> str:
-    r"""The canonical string of an answer (step 1 of the module docstring).
-
-    Example:
-        >>> canonical(r"$x = \left( \dfrac12, 3{,}000 \right)$")
-        '(\\frac{1}{2},3000)'
-    """
+def _parts(text: str) -> tuple[str, str, str]:
+    r"""``(canonical value, its unit, its variable prefix)``: ``x = 10\text{ cm}`` -> ``("10", "cm", "x")``."""
     s = text.strip().strip("$").strip()
-    s = s.replace("{,}", ",").replace(",\\!", ",").replace("\\$", "").replace("\\%", "%")
+    s = _GROUPING.sub("", s).replace("\\$", "").replace("\\%", "%")
     s = _SPACING.sub(" ", s)
     s = _DEGREES.sub("", s)
-    tail = re.search(r"^(.*\S)\s*\\(?:text|mbox|mathrm)\s*\{\s*[a-zA-Z][^{}]*\}\s*$", s)
-    if tail and re.search(r"(?:[\d}]|\\pi)\s*$", tail.group(1)):
-        s = tail.group(1)  # a unit after a value: "10\text{ cm}"
+    unit = ""
+    tail = _TEXT_UNIT.match(s)
+    if tail and re.search(r"(?:[\d}]|\\pi)\s*$", tail.group(1)) and len(tail.group(2).strip()) > 1:
+        s, unit = tail.group(1), tail.group(2)  # a unit after a value: "10\text{ cm}"
     s = _TEXT.sub(r"\1", s)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac")
     s = s.replace("\\dbinom", "\\binom").replace("\\tbinom", "\\binom")
     s = _FRAC_SHORT.sub(lambda m: f"\\frac{{{m.group(1).strip('{}')}}}{{{m.group(2).strip('{}')}}}", s)
     s = _SQRT_SHORT.sub(r"\\sqrt{\1}", s)
     s = " ".join(s.split()).lower().rstrip(".").strip()
-    s = _PREFIX.sub("", s)
-    unit = _UNIT_TAIL.match(s)
-    if unit:
-        s = unit.group(1)
-    if "," in s:
-        s = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), s)
-    s = _SPACES.sub("", s)
+    prefix = _PREFIX.match(s)
+    if prefix:
+        s = s[prefix.end() :]
+    tail_unit = _UNIT_TAIL.match(s)
+    if tail_unit:
+        s, unit = tail_unit.group(1), tail_unit.group(2)
+    if _THOUSANDS.fullmatch(s):  # one number, grouped: never inside a tuple, an interval or a set
+        s = s.replace(",", "")
+    s = _AND_OR.sub(",", s)
+    mixed = _MIXED.match(s)
+    if mixed:
+        sign, whole, num, den = mixed.groups()
+        s = f"{sign}({whole}+\\frac{{{num}}}{{{den}}})"
+    s = _SUBSCRIPT.sub(r"_\1", _SPACES.sub("", s))
     while len(s) > 1 and s[0] == "{" and s[-1] == "}" and _balanced(s[1:-1]):
         s = s[1:-1]
-    return s
+    unit = re.sub(r"[\s.]+", "", unit.lower())
+    prefix_name = prefix.group(1).replace(" ", "") if prefix else ""
+    return s, (unit.rstrip("s") if len(unit) > 2 else unit), prefix_name
+
+
+def canonical(text: str) -> str:
+    r"""The canonical string of an answer (step 1 of the module docstring).
+
+    Example:
+        >>> canonical(r"$x = \left( \dfrac12, 3 \right)$"), canonical("3{,}000"), canonical(r"2\frac{1}{2}")
+        ('(\\frac{1}{2},3)', '3000', '(2+\\frac{1}{2})')
+    """
+    return _parts(text)[0]
 
 
 def _balanced(s: str) -> bool:
@@ -164,28 +186,20 @@ def _balanced_all(s: str) -> bool:
     return depth == 0
 
 
-def _percent_forms(s: str) -> list[str]:
-    """``50%`` also reads as ``50``: a percentage may be compared as written or as its fraction."""
-    return [s, s[:-1]] if s.endswith("%") and len(s) > 1 else [s]
+def _percent_forms(s: str, other: str) -> list[str]:
+    """``50%`` is 1/2, and also reads as ``50`` against a gold without ``%`` (GSM8K writes ``50``); a percentage
+    below 1 never drops its sign (``0.5%`` is not ``0.5``)."""
+    if s.endswith("%") and len(s) > 1 and not other.endswith("%"):
+        value = evaluate(s[:-1])
+        if value is not None and len(value) == 1 and isinstance(value[0], Fraction) and abs(value[0]) >= 1:
+            return [s, s[:-1]]
+    return [s]
 
 
 def _decide(a: str, g: str) -> bool | None:
     """Steps 1-2 for canonical strings; None: the evaluator cannot decide (the fallback does)."""
     if a == g:
         return True
-    if (
-        "_" in a
-        or "_" in g
-        or ":" in a
-        or ":" in g
-        or _WORDS.search(a)
-        or _WORDS.search(g)
-        or _AS_WRITTEN.search(a + g)
-    ):
-        return False  # subscripts (a base, an index), ratios, times and words are compared as written
-    if _RELATION.search(a) or _RELATION.search(g):
-        # an equation, an inequality, x \in S, a \pm b: as written; only two of them may be the same in another form
-        return None if _RELATION.search(a) and _RELATION.search(g) else False
     matrix_a, matrix_g = _matrix(a), _matrix(g)
     if matrix_a is not None or matrix_g is not None:
         if matrix_a is None or matrix_g is None or [len(r) for r in matrix_a] != [len(r) for r in matrix_g]:
@@ -196,22 +210,28 @@ def _decide(a: str, g: str) -> bool | None:
                 else None
             )
         return _all_items([x for r in matrix_a for x in r], [y for r in matrix_g for y in r])
+    if ":" in a or ":" in g or _WORDS.search(a) or _WORDS.search(g):
+        return False  # ratios, times and words are compared as written
+    if "_" in a or "_" in g or _AS_WRITTEN.search(a + g) or _RELATION.search(a) or _RELATION.search(g):
+        # a base or an index, \overline, an equation, x \in S, a \pm b: never one plain number; against anything
+        # else the symbolic fallback decides
+        return False if _is_number(a) or _is_number(g) else None
     if ("\\cup" in a) != ("\\cup" in g):
         return False  # a union of intervals is compared with a union
     seq_a, seq_g = _sequence(a), _sequence(g)
     if seq_a or seq_g:
         if not (seq_a and seq_g):
             return False  # a tuple, an interval or a list of solutions is never one value
-        if seq_a[0] != seq_g[0] or len(seq_a[1]) != len(seq_g[1]):
+        if seq_a[0] != seq_g[0] or (seq_a[0] != "set" and len(seq_a[1]) != len(seq_g[1])):
             return False
         if seq_a[0] != "set":
             return _all_items(seq_a[1], seq_g[1])
-        return _same_multiset(seq_a[1], seq_g[1])
+        return _same_set(seq_a[1], seq_g[1])
     if _WORD.fullmatch(a) or _WORD.fullmatch(g):
         return False  # a word ("east", "odd") is its own canonical form
     undecided = False
-    for form_a in _percent_forms(a):
-        for form_g in _percent_forms(g):
+    for form_a in _percent_forms(a, g):
+        for form_g in _percent_forms(g, a):
             names = tuple(sorted(set(_var_names(form_a)) | set(_var_names(form_g))))
             va, vg = evaluate(form_a, names), evaluate(form_g, names)
             if va is None or vg is None:
@@ -220,6 +240,12 @@ def _decide(a: str, g: str) -> bool | None:
             if all(same_value(x, y) for x, y in zip(va, vg, strict=True)):
                 return True
     return None if undecided else False
+
+
+def _is_number(s: str) -> bool:
+    """``s`` evaluates to one value without variables."""
+    value = evaluate(s)
+    return value is not None and len(value) == 1
 
 
 def _all_items(xs: list[str], ys: list[str]) -> bool | None:
@@ -235,7 +261,10 @@ def _matrix(s: str) -> list[list[str]] | None:
     m = _MATRIX.match(s)
     if not m:
         return None
-    return [row.split("&") for row in m.group(2).split("\\\\")]
+    rows = m.group(2).split("\\\\")
+    if rows and not rows[-1].strip():
+        rows.pop()  # a row separator right before the end
+    return [row.split("&") for row in rows]
 
 
 def _var_names(s: str) -> list[str]:
@@ -245,19 +274,19 @@ def _var_names(s: str) -> list[str]:
         return []
 
 
-def _same_multiset(xs: list[str], ys: list[str]) -> bool | None:
-    left = list(ys)
+def _same_set(xs: list[str], ys: list[str]) -> bool | None:
+    """Every item of each side is an item of the other (a set: order and repeats do not count)."""
     undecided = False
-    for x in xs:
-        for j, y in enumerate(left):
-            verdict = _decide(x, y)
-            if verdict:
-                del left[j]
-                break
-            undecided = undecided or verdict is None
-        else:
-            return None if undecided else False
-    return True
+    for items, others in ((xs, ys), (ys, xs)):
+        for x in items:
+            verdicts = [_decide(x, y) for y in others]
+            if True in verdicts:
+                continue
+            if None in verdicts:
+                undecided = True
+                continue
+            return False
+    return None if undecided else True
 
 
 # --------------------------------------------------------------------------- 3. the symbolic fallback
@@ -267,10 +296,12 @@ _POOL_LOCK = threading.Lock()
 
 
 def _verify(answer: str, gold: str) -> bool:
-    """Runs in the fallback process: math_verify's parse and verify (its own signal timeouts work there)."""
+    """math_verify's parse and verify, bounded from outside (signal timeouts work on a main thread only)."""
     from math_verify import parse, verify
 
-    return bool(verify(parse(f"${gold}$"), parse(f"${answer}$")))
+    parsed_gold = parse(f"${gold}$", parsing_timeout=None, raise_on_error=True)
+    parsed = parse(f"${answer}$", parsing_timeout=None, raise_on_error=True)
+    return bool(verify(parsed_gold, parsed, timeout_seconds=None, raise_on_error=True))
 
 
 def _pool() -> ProcessPoolExecutor:
@@ -304,12 +335,35 @@ def _verify_here(answer: str, gold: str, timeout_s: float) -> bool:
     return bool(verify(parsed_gold, parsed, timeout_seconds=seconds, raise_on_error=True))
 
 
+def _verify_in_thread(answer: str, gold: str, timeout_s: float) -> bool | None:
+    """math_verify in a daemon thread, waited for ``timeout_s`` seconds (a daemonic process, such as async GRPO's
+    rollout child, cannot start the pool's process). A thread past its limit is left to finish; the pair gets
+    None."""
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            box["verdict"] = _verify(answer, gold)
+        except Exception as exc:  # noqa: BLE001 - reported below as None
+            box["error"] = exc
+
+    thread = threading.Thread(target=work, daemon=True, name="math-equivalence-fallback")
+    thread.start()
+    thread.join(timeout_s)
+    if "verdict" in box:
+        return box["verdict"]
+    why = box.get("error") or f"no verdict within {timeout_s:g} s"
+    logger.warning("Math equivalence: %r vs %r: %s; the sample gets None.", answer, gold, why)
+    return None
+
+
 @lru_cache(maxsize=16384)
 def symbolic_equal(answer: str, gold: str, timeout_s: float = FALLBACK_TIMEOUT_S) -> bool | None:
     """math_verify's verdict on a pair, within ``timeout_s`` seconds; None on a timeout or a failure.
 
     On the main thread it runs here, bounded by math_verify's SIGALRM timeouts; elsewhere (an event
-    loop's thread, where signals cannot be set) in a one-process pool, bounded by the wait for its result.
+    loop's thread, where signals cannot be set) in a one-process pool, bounded by the wait for its result
+    (a stuck worker is killed); in a daemonic process, which cannot start one, in a thread waited for.
     """
     if threading.current_thread() is threading.main_thread():
         try:
@@ -319,6 +373,10 @@ def symbolic_equal(answer: str, gold: str, timeout_s: float = FALLBACK_TIMEOUT_S
                 "Math equivalence: %r vs %r: %s; the sample gets None.", answer, gold, exc or type(exc)
             )
             return None
+    import multiprocessing
+
+    if multiprocessing.current_process().daemon:  # async GRPO's rollout child: no child processes allowed
+        return _verify_in_thread(answer, gold, timeout_s)
     try:
         future = _pool().submit(_verify, answer, gold)
         return future.result(timeout=timeout_s)
@@ -344,7 +402,10 @@ def math_equal(answer: str, gold: str) -> bool | None:
     a, g = _plain_number(answer), _plain_number(gold)
     if a is not None and g is not None:
         return a == g  # two plain numbers (most GSM8K pairs): exact, without the canonical forms
-    return _math_equal(canonical(answer), canonical(gold))
+    (a, unit_a, prefix_a), (g, unit_g, prefix_g) = _parts(answer), _parts(gold)
+    if (unit_a and unit_g and unit_a != unit_g) or (prefix_a and prefix_g and prefix_a != prefix_g):
+        return False  # 12 hours is not 12 minutes; y = 2 is not x = 2
+    return _math_equal(a, g)
 
 
 @lru_cache(maxsize=65536)
