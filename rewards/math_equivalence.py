@@ -49,7 +49,7 @@ FALLBACK_TIMEOUT_S = 5.0
 _SPACING = re.compile(r"(?<!\\)\\(?:left|right|displaystyle|textstyle|!|,|;|:|\s)|~")
 _FRAC_SHORT = re.compile(r"\\[dtc]?frac\s*(\d|\{[^{}]*\}|\\[a-z]+)\s*(\d|\{[^{}]*\}|\\[a-z]+)")
 _SQRT_SHORT = re.compile(r"\\sqrt\s*(\d|[a-z])")  # LaTeX: \sqrt23 is \sqrt{2}3
-_MIXED = re.compile(r"^(-?)(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}$")  # 2\frac{1}{2}: two and a half
+_MIXED = re.compile(r"(?<![\d.}a-z\\^_])(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}")  # 2\frac{1}{2}: two and a half
 _TEXT = re.compile(r"\\(?:text|textbf|textit|mbox|mathrm|mathbf|operatorname)\s*\{([^{}]*)\}")
 _TEXT_UNIT = re.compile(r"^(.*\S)\s*\\(?:text|mbox|mathrm)\s*\{\s*([a-zA-Z][a-zA-Z .]+?)\s*\}\s*$")
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree")
@@ -113,10 +113,7 @@ def _parts(text: str) -> tuple[str, str, str]:
     if _THOUSANDS.fullmatch(s):  # one number, grouped: never inside a tuple, an interval or a set
         s = s.replace(",", "")
     s = _AND_OR.sub(",", s)
-    mixed = _MIXED.match(s)
-    if mixed:
-        sign, whole, num, den = mixed.groups()
-        s = f"{sign}({whole}+\\frac{{{num}}}{{{den}}})"
+    s = _MIXED.sub(lambda m: f"({m.group(1)}+\\frac{{{m.group(2)}}}{{{m.group(3)}}})", s)
     s = _SUBSCRIPT.sub(r"_\1", _SPACES.sub("", s))
     while len(s) > 1 and s[0] == "{" and s[-1] == "}" and _balanced(s[1:-1]):
         s = s[1:-1]
