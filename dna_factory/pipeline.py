@@ -7,6 +7,7 @@ A pipeline recipe (``configs/recipes/<name>.yaml``)::
     model_name_or_path: artifacts/tiny/student     # the first stage's model
     overrides: {report_to: wandb}                   # optional: overrides for every stage (a stage's own win)
     launcher: [accelerate, launch, --config_file, configs/accelerate/zero3.yaml]   # optional: every stage's
+    eval_server: {model: artifacts/tiny/student, args: "--max-model-len 512"}   # optional: one server, all evals
     stages:
       - name: sft
         entry: sft                                  # sft | dpo | grpo | distill
@@ -20,7 +21,8 @@ A pipeline recipe (``configs/recipes/<name>.yaml``)::
 
 Each stage runs ``python <entry>.py --config <config> --model_name_or_path <previous output>
 --output_dir <output_dir>/<k>-<name> <overrides>`` as a subprocess, so its GPU memory is released
-before the next one starts. A finished stage leaves ``DONE.json`` (its outputs); a rerun skips
+before the next one starts. With ``eval_server`` the pipeline starts one vLLM server (dev mode) before the first
+stage that evaluates checkpoints and hands it to each as ``eval_server_url``. A finished stage leaves ``DONE.json`` (its outputs); a rerun skips
 finished stages and the interrupted one resumes from its last checkpoint (the runner's
 auto-resume). ``--dry_run`` validates every stage's config in this process, before any stage runs;
 ``--preview [N]`` also prints each stage's first rows as its trainer will tokenize them.
@@ -47,6 +49,8 @@ from dna_factory.pipeline_recipe import (
     Pipeline,
     PipelineStage,
     apply_cli_overrides,
+    final_model,
+    input_model,
     load_pipeline,
     stage_argv,
 )
@@ -70,6 +74,7 @@ def rehearse(pipeline: Pipeline, output_dir: str | None, fresh: bool, running: b
         stage.launcher = []
         stage.gpus = {}
         stage.flags.append("--rehearse")
+    pipeline.eval_server = None  # each rehearsed stage decides its own evals (docs/rehearsal.md)
     if not output_dir:
         pipeline.output_dir = Path("outputs") / "rehearse" / pipeline.name
     if not running:  # --dry_run / --preview: nothing is written
@@ -78,22 +83,6 @@ def rehearse(pipeline: Pipeline, output_dir: str | None, fresh: bool, running: b
         claim_output_dir(pipeline.output_dir, mark=REHEARSAL_MARK)  # refuses a real pipeline's folder
     pipeline.output_dir.mkdir(parents=True, exist_ok=True)
     (pipeline.output_dir / REHEARSAL_MARK).write_text(json.dumps({"recipe": pipeline.name}) + "\n")
-
-
-def input_model(pipeline: Pipeline, stage: PipelineStage) -> str:
-    """The model a stage starts from: its own ``model:``, else the previous stage's final model."""
-    if stage.model:
-        return stage.model
-    previous = [s for s in pipeline.stages if s.index == stage.index - 1]
-    return final_model(previous[0], pipeline.output_dir) if previous else pipeline.model_name_or_path
-
-
-def final_model(stage: PipelineStage, root: Path) -> str:
-    """Where the next stage finds this stage's model (recorded in DONE.json)."""
-    done = stage.output_dir(root) / DONE
-    if done.is_file():
-        return json.loads(done.read_text())["model"]
-    return str(stage.output_dir(root))
 
 
 def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
@@ -124,9 +113,16 @@ def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
             os.environ.clear()
             os.environ.update(env_backup)
         gpus = dict(stage.gpus or {"train": os.environ.get("CUDA_VISIBLE_DEVICES", "all visible")})
+        shared = uses_eval_server(pipeline, cfg)
+        if shared:
+            check_eval_server_model(pipeline, stage, cfg, starts[stage.name])
         if cfg.get("eval_on_checkpoint") and "eval" not in gpus:
             url = cfg.get("eval_server_url")
-            gpus["eval"] = f"the server at {url}" if url else f"vLLM on {cfg.get('eval_devices')}"
+            gpus["eval"] = (
+                "the pipeline's eval server"
+                if shared
+                else (f"the server at {url}" if url else f"vLLM on {cfg.get('eval_devices')}")
+            )
         rows.append(
             {
                 "index": stage.index,
@@ -137,9 +133,77 @@ def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
                 "gpus": gpus,
                 "launcher": " ".join(stage.launcher) or "python",
                 "prepared": (entry_stage, cfg),  # for --preview; not printed
+                "eval_server": shared,
             }
         )
     return rows
+
+
+ARCHITECTURE_KEYS = (
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+)
+"""config.json keys that must agree for the pipeline's eval server to load a stage's weights in place."""
+
+
+def uses_eval_server(pipeline: Pipeline, cfg) -> bool:
+    """A stage evaluates on the pipeline's eval server: it evaluates checkpoints and names no server of its own."""
+    return bool(pipeline.eval_server and cfg.get("eval_on_checkpoint") and not cfg.get("eval_server_url"))
+
+
+def _shape(model: str) -> dict | None:
+    config = Path(model) / "config.json"
+    if not config.is_file():
+        return None  # a Hub id: vLLM checks the weights when it loads them
+    raw = json.loads(config.read_text())
+    return {key: raw.get(key) for key in ARCHITECTURE_KEYS}
+
+
+def check_eval_server_model(pipeline: Pipeline, stage: PipelineStage, cfg, start: str) -> None:
+    """The pipeline's eval server loads a stage's full weights in place: same architecture, no LoRA adapters."""
+    where = f"Stage {stage.index} ({stage.name})"
+    if cfg.get("use_peft"):
+        raise DnaConfigError(
+            f"{where} trains LoRA adapters (use_peft), but the pipeline's eval_server loads full weights. Set "
+            "eval_on_checkpoint: false in this stage's overrides, or use_peft: false."
+        )
+    served, ours = _shape(pipeline.eval_server["model"]), _shape(start)
+    if served and ours and served != ours:
+        differ = ", ".join(f"{k} {ours[k]} vs {served[k]}" for k in ARCHITECTURE_KEYS if ours[k] != served[k])
+        raise DnaConfigError(
+            f"{where} starts from {start}, whose architecture differs from the eval_server's model "
+            f"{pipeline.eval_server['model']} ({differ}); one server loads only weights of its own shape. Set "
+            "eval_on_checkpoint: false in this stage's overrides, or eval_server.model to a model of its shape."
+        )
+
+
+def start_eval_server(pipeline: Pipeline, stages: list[str]):
+    """Start the recipe's ``eval_server`` (dev mode: evals load each checkpoint into it) and wait until it serves."""
+    from dna_factory.vllm_server import VLLMServer
+
+    spec = pipeline.eval_server
+    log = pipeline.output_dir / "eval_server.log"
+    logger.info(
+        "Starting the pipeline's eval server (vLLM, %s) for the checkpoint evals of %s; log: %s",
+        spec["model"], ", ".join(stages), log,
+    )  # fmt: skip
+    server = VLLMServer(
+        spec["model"],
+        served_model_name=f"{pipeline.name}-eval",
+        devices=spec.get("devices"),
+        extra_args=shlex.split(spec.get("args", "")),
+        log_path=log,
+        env={"VLLM_SERVER_DEV_MODE": "1"},
+    )
+    started = time.monotonic()
+    server.start()
+    logger.info("The eval server is ready at %s (%.0f s).", server.url, time.monotonic() - started)
+    return server
 
 
 def preview_stages(rows: list[dict], n: int) -> None:
@@ -242,35 +306,53 @@ def select(pipeline: Pipeline, from_stage: str | None, only_stage: str | None) -
     return list(pipeline.stages)
 
 
-def run(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
-    """Run the selected stages in order, skipping finished ones; the report is refreshed after each."""
+def run(pipeline: Pipeline, selected: list[PipelineStage], shared_eval: set[str] = frozenset()) -> list[dict]:
+    """Run the selected stages in order, skipping finished ones; the report is refreshed after each.
+
+    ``shared_eval`` names the stages that evaluate on the recipe's ``eval_server``: it is started before the first
+    of them that runs, handed to each as ``eval_server_url``, and stopped when the pipeline ends.
+    """
     from dna_factory.report import write_report
 
     root = pipeline.output_dir
     root.mkdir(parents=True, exist_ok=True)
     results = []
-    for stage in selected:
-        earlier = [s for s in pipeline.stages if s.index < stage.index]
-        referenced = [s for s in earlier if f"${{{s.name}}}" in json.dumps(stage.overrides)]
-        needed = referenced + ([] if stage.model or not earlier else [earlier[-1]])
-        for dependency in needed:
-            if not (dependency.output_dir(root) / DONE).is_file():
-                raise DnaConfigError(
-                    f"Stage {stage.index} ({stage.name}) needs stage {dependency.index} ({dependency.name}) finished "
-                    f"first. Run with --from_stage {dependency.name}."
-                )
-        model = input_model(pipeline, stage)
-        models = {s.name: final_model(s, root) for s in earlier}
-        done_file = stage.output_dir(root) / DONE
-        if done_file.is_file():
-            logger.info(
-                "Stage %d (%s) is done (%s): skipped. Delete %s to run it again.",
-                stage.index, stage.name, done_file, done_file.parent,
-            )  # fmt: skip
-            results.append(json.loads(done_file.read_text()))
-            continue
-        results.append(run_stage(stage, model, root, models))
-        write_report(pipeline)
+    server = None
+    try:
+        for stage in selected:
+            earlier = [s for s in pipeline.stages if s.index < stage.index]
+            referenced = [s for s in earlier if f"${{{s.name}}}" in json.dumps(stage.overrides)]
+            needed = referenced + ([] if stage.model or not earlier else [earlier[-1]])
+            for dependency in needed:
+                if not (dependency.output_dir(root) / DONE).is_file():
+                    raise DnaConfigError(
+                        f"Stage {stage.index} ({stage.name}) needs stage {dependency.index} ({dependency.name}) "
+                        f"finished first. Run with --from_stage {dependency.name}."
+                    )
+            model = input_model(pipeline, stage)
+            models = {s.name: final_model(s, root) for s in earlier}
+            done_file = stage.output_dir(root) / DONE
+            if done_file.is_file():
+                logger.info(
+                    "Stage %d (%s) is done (%s): skipped. Delete %s to run it again.",
+                    stage.index, stage.name, done_file, done_file.parent,
+                )  # fmt: skip
+                results.append(json.loads(done_file.read_text()))
+                continue
+            if stage.name in shared_eval:
+                if server is None:
+                    pending = [
+                        s.name
+                        for s in selected
+                        if s.name in shared_eval and not (s.output_dir(root) / DONE).is_file()
+                    ]
+                    server = start_eval_server(pipeline, pending)
+                stage.overrides["eval_server_url"] = server.url
+            results.append(run_stage(stage, model, root, models))
+            write_report(pipeline)
+    finally:
+        if server is not None:
+            server.stop(keep_log=True)
     write_report(pipeline)
     return results
 
@@ -349,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             print("\n# dry run: every stage's config is valid.")
             return 0
-        run(pipeline, selected)
+        run(pipeline, selected, {r["name"] for r in rows if r["eval_server"]})
     except CONFIG_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -22,7 +22,17 @@ from dna_factory.stages import STAGE_MODULES
 from rewards.options import did_you_mean
 
 ENTRIES = tuple(STAGE_MODULES)
-RECIPE_KEYS = {"name", "description", "output_dir", "model_name_or_path", "overrides", "launcher", "stages"}
+RECIPE_KEYS = {
+    "name",
+    "description",
+    "output_dir",
+    "model_name_or_path",
+    "overrides",
+    "launcher",
+    "stages",
+    "eval_server",
+}
+EVAL_SERVER_KEYS = {"model", "args", "devices"}
 STAGE_KEYS = {
     "name",
     "entry",
@@ -65,6 +75,7 @@ class Pipeline:
     model_name_or_path: str
     stages: list[PipelineStage]
     description: str = ""
+    eval_server: dict[str, str] | None = None  # one vLLM server for every stage's checkpoint evals
 
 
 def _check_keys(mapping: dict, valid: set[str], where: str) -> None:
@@ -147,7 +158,26 @@ def load_pipeline(path: str | Path) -> Pipeline:
         model_name_or_path=str(raw["model_name_or_path"]),
         stages=stages,
         description=str(raw.get("description", "")),
+        eval_server=_eval_server(raw.get("eval_server"), raw["model_name_or_path"], str(path)),
     )
+
+
+def _eval_server(value: Any, model: str, where: str) -> dict[str, str] | None:
+    """``eval_server: {model, args, devices}``: every key optional; ``model`` defaults to the recipe's model."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        value = {}
+    if not isinstance(value, dict):
+        raise DnaConfigError(
+            f'{where}: `eval_server:` must be a mapping such as {{model: M, args: "--max-model-len 4096"}}, '
+            f"not {value!r}."
+        )
+    _check_keys(value, EVAL_SERVER_KEYS, f"{where} eval_server")
+    spec = {"model": str(value.get("model") or model), "args": str(value.get("args") or "")}
+    if value.get("devices") is not None:
+        spec["devices"] = str(value["devices"])
+    return spec
 
 
 def check_references(stages: list[PipelineStage], where: str) -> None:
@@ -207,3 +237,19 @@ def stage_argv(
             value = REFERENCE.sub(lambda m: models[m.group(1)], value)
         argv.append(f"--{key}={_flag_value(value)}")  # "=": a value may itself start with "--"
     return argv + stage.flags
+
+
+def input_model(pipeline: Pipeline, stage: PipelineStage) -> str:
+    """The model a stage starts from: its own ``model:``, else the previous stage's final model."""
+    if stage.model:
+        return stage.model
+    previous = [s for s in pipeline.stages if s.index == stage.index - 1]
+    return final_model(previous[0], pipeline.output_dir) if previous else pipeline.model_name_or_path
+
+
+def final_model(stage: PipelineStage, root: Path) -> str:
+    """Where the next stage finds this stage's model (recorded in DONE.json)."""
+    done = stage.output_dir(root) / DONE
+    if done.is_file():
+        return json.loads(done.read_text())["model"]
+    return str(stage.output_dir(root))

@@ -10,17 +10,23 @@ Two-operand addition (the single-stage tiny recipes and the tests):
 * ``arith_dpo.jsonl``     — ``prompt``, ``chosen``, ``rejected`` for DPO.
 * ``arith_eval.jsonl``    — held-out ``prompt`` + ``solution`` pairs never trained on.
 
-"Which number is largest: 5, 7, 0, 2?" (the multi-stage demo, ``configs/recipes/tiny-cpu.yaml``).
-The 140k-parameter student cannot learn addition from a few hundred pairs, but it does learn
-this task, so every stage of the demo visibly moves the held-out accuracy:
+Two question kinds about four digits (the multi-stage demo, ``configs/recipes/tiny-cpu.yaml``),
+"Which number is largest: 5, 7, 0, 2?" (7) and "What is one more than the largest: 5, 7, 0, 2?" (8).
+The 140k-parameter student cannot learn addition from a few hundred pairs, but it learns these, and
+the files are built so that each stage of the demo has something of its own to fix:
 
-* ``largest_sft.jsonl``         — SFT demonstrations from two annotators: a careful one who
-  answers the largest number and a careless one who copies the *last* number (half the rows).
-  SFT imitates both, so its held-out accuracy rises from 0 but stays well short of 1.
-* ``largest_prompts.jsonl``     — the same prompts with the true ``solution``: GRPO's
-  string-match reward prefers the careful answer and removes the careless one.
-* ``largest_teacher_sft.jsonl`` — careful demonstrations only, for the distillation teacher.
-* ``largest_eval.jsonl``        — held-out prompts (never trained on), the ``largest`` eval task.
+* ``largest_sft.jsonl``             — the student's SFT demonstrations, first kind only, from two
+  annotators: a careful one who answers the largest number and a careless one who copies the *last*
+  number (60% of the rows). SFT learns the format and both habits.
+* ``largest_prompts.jsonl``         — the first kind's prompts with the true ``solution``: the only
+  questions with gold answers, so GRPO's string-match reward works on them and removes the careless
+  habit, and never sees the second kind.
+* ``largest_teacher_sft.jsonl``     — careful demonstrations of both kinds, for the distillation teacher.
+* ``largest_distill_prompts.jsonl`` — prompts of both kinds, without answers: on-policy distillation
+  needs only prompts, and teaches the second kind, which no reward reached.
+* ``largest_eval.jsonl``            — 100 held-out questions of each kind (never trained on), the
+  ``largest`` eval task. The first kind's largest is any digit; the second kind's is at most 8, so
+  every answer is one digit and never a number of the list.
 
 Usage::
 
@@ -38,9 +44,13 @@ MAX_OPERAND = 19
 EVAL_FRACTION = 0.1
 
 LARGEST_LIST_LENGTH = 4  # digits per question
-LARGEST_TRAIN = 5800  # distinct training questions
-LARGEST_EVAL = 200  # distinct held-out questions
-CARELESS_FRACTION = 0.5  # SFT rows whose answer copies the last number
+LARGEST_KINDS = (
+    "largest",
+    "one_more",
+)  # "Which number is largest: ...?", "What is one more than the largest: ...?"
+LARGEST_TRAIN_PER_KIND = 2900  # distinct training questions of each kind
+LARGEST_EVAL_PER_KIND = 100  # distinct held-out questions of each kind
+CARELESS_FRACTION = 0.6  # student SFT rows whose answer copies the last number
 
 
 def question(a: int, b: int) -> str:
@@ -92,25 +102,42 @@ def make_tiny_data(out: str | Path = "data/tiny", seed: int = 0) -> dict[str, in
     return {name: len(rows) for name, rows in files.items()}
 
 
-def largest_question(digits: tuple[int, ...]) -> list[dict]:
-    return [{"role": "user", "content": "Which number is largest: " + ", ".join(map(str, digits)) + "?"}]
+def largest_question(digits: tuple[int, ...], kind: str = "largest") -> list[dict]:
+    lead = "Which number is largest: " if kind == "largest" else "What is one more than the largest: "
+    return [{"role": "user", "content": lead + ", ".join(map(str, digits)) + "?"}]
 
 
 def largest_answer(value: int) -> list[dict]:
     return [{"role": "assistant", "content": f"The answer is {value}."}]
 
 
-def largest_task(rng: random.Random) -> dict[str, list[dict]]:
-    """The demo's task: distinct digit lists (not all equal), split into held-out and training questions."""
+def largest_solution(digits: tuple[int, ...], kind: str) -> int:
+    return max(digits) + (kind == "one_more")
+
+
+def _largest_questions(rng: random.Random, kind: str) -> list[tuple[int, ...]]:
+    """Distinct digit lists (not all equal); for ``one_more`` the largest is at most 8, so the answer is one digit."""
     seen: set[tuple[int, ...]] = set()
     questions: list[tuple[int, ...]] = []
-    while len(questions) < LARGEST_EVAL + LARGEST_TRAIN:
+    while len(questions) < LARGEST_EVAL_PER_KIND + LARGEST_TRAIN_PER_KIND:
         digits = tuple(rng.randrange(10) for _ in range(LARGEST_LIST_LENGTH))
-        if digits not in seen and len(set(digits)) > 1:
-            seen.add(digits)
-            questions.append(digits)
-    held_out, train = questions[:LARGEST_EVAL], questions[LARGEST_EVAL:]
+        if digits in seen or len(set(digits)) == 1 or (kind == "one_more" and max(digits) > 8):
+            continue
+        seen.add(digits)
+        questions.append(digits)
+    return questions
+
+
+def largest_task(rng: random.Random) -> dict[str, list[dict]]:
+    """The demo's task: two question kinds, each split into held-out and training questions."""
+    split = {}
+    for kind in LARGEST_KINDS:
+        questions = _largest_questions(rng, kind)
+        split[kind] = questions[:LARGEST_EVAL_PER_KIND], questions[LARGEST_EVAL_PER_KIND:]
+    train = split["largest"][1]
     careless = [rng.random() < CARELESS_FRACTION for _ in train]
+    both = [(kind, d) for kind in LARGEST_KINDS for d in split[kind][1]]
+    rng.shuffle(both)
     return {
         "largest_sft.jsonl": [
             {"messages": largest_question(d) + largest_answer(d[-1] if lazy else max(d))}
@@ -118,9 +145,15 @@ def largest_task(rng: random.Random) -> dict[str, list[dict]]:
         ],
         "largest_prompts.jsonl": [{"prompt": largest_question(d), "solution": str(max(d))} for d in train],
         "largest_teacher_sft.jsonl": [
-            {"messages": largest_question(d) + largest_answer(max(d))} for d in train
+            {"messages": largest_question(d, kind) + largest_answer(largest_solution(d, kind))}
+            for kind, d in both
         ],
-        "largest_eval.jsonl": [{"prompt": largest_question(d), "solution": str(max(d))} for d in held_out],
+        "largest_distill_prompts.jsonl": [{"prompt": largest_question(d, kind)} for kind, d in both],
+        "largest_eval.jsonl": [
+            {"prompt": largest_question(d, kind), "solution": str(largest_solution(d, kind))}
+            for kind in LARGEST_KINDS
+            for d in split[kind][0]
+        ],
     }
 
 

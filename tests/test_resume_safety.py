@@ -271,14 +271,17 @@ def test_an_uncached_teacher_hub_id_is_named(tmp_path, tiny_model):
     assert not (tmp_path / "o").exists()
 
 
-def test_ctrl_c_under_the_pipeline_saves_the_stage_and_skips_its_eval(tmp_path, tiny_model):
+def test_ctrl_c_under_the_pipeline_saves_the_stage_and_skips_its_eval(
+    tmp_path, tiny_model, shared_server_weights
+):
     """The terminal's Ctrl-C reaches the pipeline and its stage: the stage saves (no eval of that checkpoint), the
-    pipeline waits for it and prints one line."""
+    pipeline waits for it and prints one line. The stage evaluates on the shared server (not the recipe's own)."""
     log = tmp_path / "pipeline.log"
     out = tmp_path / "pipe"
     child = start_cli(
         "pipeline.py", "--recipe", "configs/recipes/tiny-cpu.yaml", "--only_stage", "sft", "--output_dir", str(out),
-        "--set", "save_steps=5000", "--set", "logging_steps=1", "--set", "eval_baseline=false",
+        "--set", "save_steps=5000", "--set", "max_steps=5000", "--set", "logging_steps=1",
+        "--set", "eval_baseline=false", "--set", f"eval_server_url={shared_server_weights.base_url}",
         log=log, new_session=True,
     )  # fmt: skip
     try:

@@ -92,7 +92,7 @@ class CheckpointEvalCallback(TrainerCallback):
             args.eval_max_tokens, args.eval_max_connections, args.eval_limit, args.eval_temperature
         )
         self.server_args = split_server_args(args.eval_server_args)
-        if not cuda_available():
+        if not cuda_available() and not args.eval_server_url:  # a running server's flags are its own
             self.server_args, dropped = without_parallel_flags(self.server_args)
             if dropped:
                 logger.warning(

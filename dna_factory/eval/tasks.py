@@ -10,8 +10,9 @@ checks it), so that task names resolve without importing Inspect in the trainer.
 
 * ``arith``: the held-out tiny arithmetic questions (``data/tiny/arith_eval.jsonl``, never
   trained on), fully offline; the tests use it.
-* ``largest``: the held-out "Which number is largest: ...?" questions
-  (``data/tiny/largest_eval.jsonl``), fully offline; the CPU demo pipeline uses it.
+* ``largest``: the held-out "Which number is largest: ...?" and "What is one more than the largest:
+  ...?" questions (``data/tiny/largest_eval.jsonl``, 100 of each), fully offline; the CPU demo pipeline
+  uses it.
 * ``kmmlu_pro``: KMMLU-Pro (Korean professional licensure exams, ``LGAI-EXAONE/KMMLU-Pro``
   on the Hugging Face Hub, gated), which ``inspect_evals`` does not ship; for GPU machines
   with Hub access.
@@ -75,7 +76,7 @@ def arith(path: str = str(ARITH_PATH)) -> Task:
 
 @task
 def largest(path: str = str(LARGEST_PATH)) -> Task:
-    """The largest of four digits; correct when the last number of the answer is that digit.
+    """The largest of four digits (or one more); correct when the last number of the answer is the solution.
 
     Args:
         path: A JSONL file of ``prompt`` (chat messages) + ``solution`` rows.
