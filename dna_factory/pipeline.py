@@ -136,12 +136,16 @@ def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
                 "eval_server": shared,
             }
         )
+    if any(r["eval_server"] for r in rows):
+        check_eval_server_spec(pipeline, rows)
     return rows
 
 
 ARCHITECTURE_KEYS = (
     "model_type",
     "hidden_size",
+    "head_dim",
+    "tie_word_embeddings",
     "intermediate_size",
     "num_hidden_layers",
     "num_attention_heads",
@@ -180,6 +184,38 @@ def check_eval_server_model(pipeline: Pipeline, stage: PipelineStage, cfg, start
             f"{pipeline.eval_server['model']} ({differ}); one server loads only weights of its own shape. Set "
             "eval_on_checkpoint: false in this stage's overrides, or eval_server.model to a model of its shape."
         )
+
+
+def check_eval_server_spec(pipeline: Pipeline, rows: list[dict]) -> None:
+    """The recipe's ``eval_server``: no flag the pipeline sets itself; on GPUs, devices of its own, apart from training."""
+    from dna_factory.eval.keys import OWN_SERVER_FLAGS
+    from dna_factory.vllm_server import cuda_available
+
+    args = shlex.split(pipeline.eval_server.get("args", ""))
+    own = [f for f in OWN_SERVER_FLAGS if any(a == f or a.startswith(f + "=") for a in args)]
+    if own:
+        raise DnaConfigError(
+            f"eval_server.args sets {own[0]}, which the pipeline sets itself (eval_server.model for the model). "
+            "Remove it."
+        )
+    if not cuda_available():
+        return
+    devices = pipeline.eval_server.get("devices")
+    if not devices:
+        raise DnaConfigError(
+            "eval_server runs through every stage: give it GPUs of its own, apart from the training GPUs, "
+            'e.g. eval_server: {devices: "7"} (its CUDA_VISIBLE_DEVICES).'
+        )
+    served = {d.strip() for d in devices.split(",") if d.strip()}
+    for row in rows:
+        train = str(row["gpus"].get("train", ""))
+        shared = served & {d.strip() for d in train.split(",") if d.strip()}
+        if row["eval_server"] and (shared or train == "all visible"):
+            raise DnaConfigError(
+                f"Stage {row['index']} ({row['name']}) trains on GPU {', '.join(sorted(shared)) or train}, and "
+                f"eval_server.devices ({devices}) gives the eval server {'those' if shared else 'some of them'}. "
+                "Keep them apart: set the stage's gpus.train (or CUDA_VISIBLE_DEVICES) to the others."
+            )
 
 
 def start_eval_server(pipeline: Pipeline, stages: list[str]):

@@ -82,8 +82,9 @@ def before_after(rows: list[dict]) -> list[dict]:
         source = "baseline" if own is not None else None
         if own is None and row.get("input_model") in by_model:
             earlier = by_model[row["input_model"]]
-            if earlier["eval_after"] is not None and (earlier["eval_metric"] == key or key is None):
-                own, source, key = earlier["eval_after"], earlier["name"], earlier["eval_metric"]
+            # Only for a stage evaluated on the same metric: one that never evaluated has no before -> after.
+            if key is not None and earlier["eval_after"] is not None and earlier["eval_metric"] == key:
+                own, source = earlier["eval_after"], earlier["name"]
         losses = [(h.get("step"), h["eval_loss"]) for h in row.get("history", []) if "eval_loss" in h]
         row.update(
             eval_metric=key,
@@ -144,11 +145,14 @@ def markdown(pipeline, rows: list[dict]) -> str:
             f"| {r['index']} | {r['name']} | {r['entry']} | {r['status']} | {_fmt(r['steps'])} | {_fmt(r['seconds'])} "
             f"| {final} | {_eval_cell(r)} |"
         )
-    lines += [
-        "",
-        "Before: the held-out metric of the model the stage started from (the earlier stage's final eval, or the",
-        "stage's own baseline); after: of its final model. Every stage is evaluated on the same held-out set.",
-    ]
+    metrics = {r["eval_metric"] for r in rows if r["eval_metric"]}
+    if metrics:
+        lines += [
+            "",
+            "Before: the held-out metric of the model the stage started from (the earlier stage's final eval, or the",
+            "stage's own baseline); after: of its final model."
+            + (" Every stage is evaluated on the same held-out set." if len(metrics) == 1 else ""),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -166,7 +170,8 @@ def _plot_before_after(ax, rows: list[dict]) -> None:
                 f"{r['eval_after'] - r['eval_before']:+.3g}", (i, top), ha="center", va="bottom", fontsize=8
             )
     ax.set_xticks(range(len(shown)), [f"{r['name']}\n(before | after)" for r in shown], fontsize=8)
-    ax.set_ylabel(shown[0]["eval_metric"] if shown else "held-out")
+    metrics = sorted({r["eval_metric"] for r in shown})
+    ax.set_ylabel(metrics[0] if len(metrics) == 1 else "held-out metric (first task of each stage)")
     ax.set_title("held-out metric of each stage: the model it started from | its final model", fontsize=9)
 
 

@@ -24,8 +24,8 @@ the files are built so that each stage of the demo has something of its own to f
 * ``largest_teacher_sft.jsonl``     — careful demonstrations of both kinds, for the distillation teacher.
 * ``largest_distill_prompts.jsonl`` — prompts of both kinds, without answers: on-policy distillation
   needs only prompts, and teaches the second kind, which no reward reached.
-* ``largest_eval.jsonl``            — 100 held-out questions of each kind (never trained on), the
-  ``largest`` eval task. The first kind's largest is any digit; the second kind's is at most 8, so
+* ``largest_eval.jsonl``            — 100 held-out questions of each kind, the ``largest`` eval task:
+  their digit lists appear in no training file, under either kind. The first kind's largest is any digit; the second kind's is at most 8, so
   every answer is one digit and never a number of the list.
 
 Usage::
@@ -115,35 +115,41 @@ def largest_solution(digits: tuple[int, ...], kind: str) -> int:
     return max(digits) + (kind == "one_more")
 
 
-def _largest_questions(rng: random.Random, kind: str) -> list[tuple[int, ...]]:
-    """Distinct digit lists (not all equal); for ``one_more`` the largest is at most 8, so the answer is one digit."""
-    seen: set[tuple[int, ...]] = set()
+def _largest_questions(rng: random.Random, kind: str, count: int, taken: set) -> list[tuple[int, ...]]:
+    """``count`` distinct digit lists (not all equal) outside ``taken``, which they join; for ``one_more`` the
+    largest is at most 8, so the answer is one digit."""
     questions: list[tuple[int, ...]] = []
-    while len(questions) < LARGEST_EVAL_PER_KIND + LARGEST_TRAIN_PER_KIND:
+    while len(questions) < count:
         digits = tuple(rng.randrange(10) for _ in range(LARGEST_LIST_LENGTH))
-        if digits in seen or len(set(digits)) == 1 or (kind == "one_more" and max(digits) > 8):
+        if digits in taken or len(set(digits)) == 1 or (kind == "one_more" and max(digits) > 8):
             continue
-        seen.add(digits)
+        taken.add(digits)
         questions.append(digits)
     return questions
 
 
 def largest_task(rng: random.Random) -> dict[str, list[dict]]:
-    """The demo's task: two question kinds, each split into held-out and training questions."""
-    split = {}
-    for kind in LARGEST_KINDS:
-        questions = _largest_questions(rng, kind)
-        split[kind] = questions[:LARGEST_EVAL_PER_KIND], questions[LARGEST_EVAL_PER_KIND:]
-    train = split["largest"][1]
-    careless = [rng.random() < CARELESS_FRACTION for _ in train]
-    both = [(kind, d) for kind in LARGEST_KINDS for d in split[kind][1]]
+    """The demo's task: two question kinds, held-out and training questions of each.
+
+    The held-out digit lists are drawn first and appear in no training file, under either kind (a training
+    "Which number is largest: 5, 7, 0, 2?" would give away half of a held-out "one more" question).
+    """
+    held_lists: set[tuple[int, ...]] = set()
+    held = {kind: _largest_questions(rng, kind, LARGEST_EVAL_PER_KIND, held_lists) for kind in LARGEST_KINDS}
+    train = {
+        kind: _largest_questions(rng, kind, LARGEST_TRAIN_PER_KIND, set(held_lists)) for kind in LARGEST_KINDS
+    }
+    careless = [rng.random() < CARELESS_FRACTION for _ in train["largest"]]
+    both = [(kind, d) for kind in LARGEST_KINDS for d in train[kind]]
     rng.shuffle(both)
     return {
         "largest_sft.jsonl": [
             {"messages": largest_question(d) + largest_answer(d[-1] if lazy else max(d))}
-            for d, lazy in zip(train, careless, strict=True)
+            for d, lazy in zip(train["largest"], careless, strict=True)
         ],
-        "largest_prompts.jsonl": [{"prompt": largest_question(d), "solution": str(max(d))} for d in train],
+        "largest_prompts.jsonl": [
+            {"prompt": largest_question(d), "solution": str(max(d))} for d in train["largest"]
+        ],
         "largest_teacher_sft.jsonl": [
             {"messages": largest_question(d, kind) + largest_answer(largest_solution(d, kind))}
             for kind, d in both
@@ -152,7 +158,7 @@ def largest_task(rng: random.Random) -> dict[str, list[dict]]:
         "largest_eval.jsonl": [
             {"prompt": largest_question(d, kind), "solution": str(largest_solution(d, kind))}
             for kind in LARGEST_KINDS
-            for d in split[kind][0]
+            for d in held[kind]
         ],
     }
 

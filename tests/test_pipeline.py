@@ -78,8 +78,7 @@ def test_recipe_errors_are_named(tmp_path, tiny_model):
     assert proc.returncode == 2 and "No stage named 'grpoo'. Did you mean 'grpo'?" in proc.stderr
 
 
-# tiny-cpu is validated (and run) by test_demo_recipe_gains_in_every_student_stage.
-@pytest.mark.parametrize(("recipe", "stages"), [("rufus-air", 8)])
+@pytest.mark.parametrize(("recipe", "stages"), [("rufus-air", 8), ("tiny-cpu", 4)])
 def test_shipped_recipes_pass_dry_run(recipe, stages, tiny_model):
     proc = run_cli("pipeline.py", "--recipe", f"configs/recipes/{recipe}.yaml", "--dry_run")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -97,6 +96,8 @@ def test_shipped_recipes_pass_dry_run(recipe, stages, tiny_model):
         ):
             assert name in proc.stdout
         assert "generation=vLLM TP 8 x DP 4" in proc.stdout
+    if recipe == "tiny-cpu":  # the demo as users run it: one server of the pipeline's own for every eval
+        assert proc.stdout.count("eval=the pipeline's eval server") == 4
 
 
 def test_a_short_chain_runs_end_to_end(tmp_path, tiny_model):
@@ -224,19 +225,19 @@ def test_report_reads_each_stage_before_and_after_on_a_recorded_demo_run(tmp_pat
     pipeline, out = _recorded(tmp_path)
     stages = {s["name"]: s for s in write_report(pipeline)["stages"]}
     assert {n: (s["eval_metric"], s["eval_before"], s["eval_after"]) for n, s in stages.items()} == {
-        "teacher": ("eval/largest", None, 0.97),
-        "sft": ("eval/largest", 0.0, 0.215),
-        "grpo": ("eval/largest", 0.215, 0.46),
-        "distill": ("eval/largest", 0.46, 0.705),
+        "teacher": ("eval/largest", None, 0.995),
+        "sft": ("eval/largest", 0.0, 0.12),
+        "grpo": ("eval/largest", 0.12, 0.445),
+        "distill": ("eval/largest", 0.445, 0.795),
     }
     assert [s["eval_before_from"] for s in stages.values()] == [None, "baseline", "sft", "grpo"]
-    assert stages["distill"]["eval_loss_before"] == pytest.approx(3.5402, abs=1e-4)
-    assert stages["distill"]["eval_loss_after"] == pytest.approx(0.1872, abs=1e-4)
+    assert stages["distill"]["eval_loss_before"] == pytest.approx(1.6023, abs=1e-4)
+    assert stages["distill"]["eval_loss_after"] == pytest.approx(0.1031, abs=1e-4)
     assert stages["sft"]["eval_loss_before"] is None
     text = (out / "pipeline_report.md").read_text()
-    assert "| 3 | grpo | grpo | done | 150 |" in text and "largest 0.215 → 0.46 (+0.245)" in text
-    assert "| largest 0.97 |" in text  # the teacher: no "before", not a regression from anything
-    assert "largest 0.46 → 0.705 (+0.245); reverse KL to teacher 3.54 → 0.1872" in text
+    assert "| 3 | grpo | grpo | done | 150 |" in text and "largest 0.12 → 0.445 (+0.325)" in text
+    assert "| largest 0.995 |" in text  # the teacher: no "before", not a regression from anything
+    assert "largest 0.445 → 0.795 (+0.35); reverse KL to teacher 1.602 → 0.1031" in text
     assert (out / "pipeline_report.png").stat().st_size > 0
 
 
@@ -249,9 +250,9 @@ def test_a_final_model_without_an_eval_has_no_after_and_is_no_later_stage_before
     results = out / "3-grpo" / "eval_results.jsonl"
     results.write_text('{"eval/step": 75, "eval/largest": 0.9}\n{"eval/step": 150, "error": "server gone"}\n')
     stages = {s["name"]: s for s in write_report(pipeline)["stages"]}
-    assert (stages["grpo"]["eval_before"], stages["grpo"]["eval_after"]) == (0.215, None)
-    assert (stages["distill"]["eval_before"], stages["distill"]["eval_after"]) == (None, 0.705)
-    assert "largest 0.215 → ?" in (out / "pipeline_report.md").read_text()
+    assert (stages["grpo"]["eval_before"], stages["grpo"]["eval_after"]) == (0.12, None)
+    assert (stages["distill"]["eval_before"], stages["distill"]["eval_after"]) == (None, 0.795)
+    assert "largest 0.12 → ?" in (out / "pipeline_report.md").read_text()
 
 
 def _eval_server_recipe(tmp_path, eval_server, stage_model="artifacts/tiny/student", **overrides):
@@ -278,6 +279,10 @@ def test_eval_server_mistakes_exit_2_under_dry_run_naming_the_stage(tmp_path, ti
     proc = run_cli("pipeline.py", "--recipe", str(recipe), "--dry_run")
     assert proc.returncode == 2 and "Stage 1 (sft) starts from artifacts/tiny/teacher" in proc.stderr
     assert "hidden_size 128 vs 64" in proc.stderr and "Traceback" not in proc.stderr
+
+    recipe_port = _eval_server_recipe(tmp_path, {"args": "--max-model-len 512 --port=8000"})
+    proc = run_cli("pipeline.py", "--recipe", str(recipe_port), "--dry_run")
+    assert proc.returncode == 2 and "eval_server.args sets --port" in proc.stderr
 
     proc = run_cli(
         "pipeline.py", "--recipe", str(_eval_server_recipe(tmp_path, {}, use_peft=True)), "--dry_run"
