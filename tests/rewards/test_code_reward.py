@@ -28,8 +28,10 @@ import pytest
 import yaml
 
 from rewards import code as code_module
+from rewards import code_tests as code_tests_module
 from rewards import sandbox
-from rewards.code import extract_code, make_code_execution_reward, parse_tests, same_output
+from rewards.code import extract_code, make_code_execution_reward
+from rewards.code_tests import parse_tests, same_output
 from rewards.registry import RewardConfigError, check_reward_columns, required_columns, resolve_reward
 from rewards.sandbox import (
     Limits,
@@ -578,6 +580,7 @@ def test_real_humaneval_and_mbpp_rows():
 def test_docstring_examples():
     modules = (
         code_module,
+        code_tests_module,
         sandbox,
         isolation_module,
         result_module,
