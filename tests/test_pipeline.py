@@ -367,3 +367,33 @@ def test_the_shipped_recipes_state_a_shared_launcher_once():
         assert not repeated, (
             f"{recipe.name}: the same launcher in {len(repeated)} stages; state it once at the top"
         )
+
+
+def test_demo_held_out_digit_lists_appear_in_no_training_file():
+    """The demo's held-out questions: no training file holds their digit lists, under either kind (a training
+    "Which number is largest: 5, 7, 0, 2?" would give away half of a held-out "one more" question)."""
+    import re
+
+    def lists(name):
+        rows = [json.loads(line) for line in (REPO / "data" / "tiny" / name).read_text().splitlines()]
+        return [
+            tuple(re.findall(r"\d", (r.get("messages") or r["prompt"])[0]["content"].split(":")[1]))
+            for r in rows
+        ]
+
+    held_out = lists("largest_eval.jsonl")
+    assert len(held_out) == 200
+    for name in ("largest_sft.jsonl", "largest_prompts.jsonl", "largest_teacher_sft.jsonl",
+                 "largest_distill_prompts.jsonl"):  # fmt: skip
+        assert not set(held_out) & set(lists(name)), name
+
+
+def test_a_stage_that_never_evaluated_has_no_before_and_after(tmp_path):
+    """Distillation ran without checkpoint evals: it borrows no "before" from grpo (a "0.445 → ?" would read as a
+    failed eval of a stage that was never asked to evaluate)."""
+    from dna_factory.report import write_report
+
+    pipeline, out = _recorded(tmp_path)
+    (out / "4-distill" / "eval_results.jsonl").unlink()
+    distill = write_report(pipeline)["stages"][3]
+    assert (distill["eval_metric"], distill["eval_before"], distill["eval_after"]) == (None, None, None)
