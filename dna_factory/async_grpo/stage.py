@@ -29,6 +29,7 @@ from dna_factory.grpo.keys import GRPOStageArguments, learning_alarms, validate_
 from dna_factory.prompts import validate_prompt_settings
 from dna_factory.services import probe_services
 from dna_factory.stages.base import Stage, StageContext
+from dna_factory.vllm_server import cuda_available, share_cores_with
 from rewards.registry import resolve_rewards
 
 logger = logging.getLogger(__name__)
@@ -136,6 +137,10 @@ def build_trainer(ctx: StageContext):
         )
     stream = prompt_stream(
         train_dataset, max_model_len=max_model_len, max_completion_length=args.max_completion_length
+    )
+    # the rollout worker keeps the server generating all through training
+    share_cores_with(
+        args.vllm_server_base_url, args.use_cpu or not cuda_available(), "async GRPO's generation"
     )
     ctx.callbacks.append(learning_alarms(stage_args, funcs))
     return DnaAsyncGRPOTrainer(

@@ -239,6 +239,7 @@ def run_task(task: EvalTask, args: argparse.Namespace) -> dict:
             max_retries=MAX_RETRIES,
             **({"temperature": args.temperature} if args.temperature is not None else {}),
             display="none",
+            log_realtime=False,  # no live sample buffer: nobody watches a checkpoint eval run (~1.5 s of 200 samples)
         )
     except Exception as exc:  # noqa: BLE001 - reported as this task's result, the other tasks still run
         result.update(status="error", error=f"{type(exc).__name__}: {exc}")

