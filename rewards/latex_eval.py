@@ -216,14 +216,19 @@ class _Parser:
 
 
 MAX_EXACT_POWER = 64
-"""The largest integer exponent computed exactly; above it, floating point (and overflow: unreadable)."""
+"""The largest root exponent (``8^{2/3}``) tried exactly."""
+MAX_EXACT_BITS = 1 << 16
+"""An integer power whose result has at most about this many bits is computed exactly (``3^{2007}``: 3,200
+bits); a larger one in floating point, where it overflows (unreadable). Floating point would call
+``2^{100}+1`` and ``2^{100}`` the same number."""
 
 
 def _pow(base, exponent):
     if isinstance(base, Fraction) and isinstance(exponent, Fraction):
+        bits = max(base.numerator.bit_length(), base.denominator.bit_length())
         if (
             exponent.denominator == 1
-            and abs(exponent) <= MAX_EXACT_POWER
+            and abs(exponent.numerator) * bits <= MAX_EXACT_BITS
             and not (base == 0 and exponent < 0)
         ):
             return base**exponent.numerator

@@ -71,6 +71,8 @@ _WORDS = re.compile(r"(?<![\\a-z])[a-z]{3,}")
 _RELATION = re.compile(r"[=<>]|\\(?:in|le|ge|leq|geq|neq|ne|lt|gt|pm|mp|subset|subseteq|cup|cap)(?![a-z])")
 
 
+_ARITHMETIC = re.compile(r"[\d.,+\-*/()\[\]{}^ ]*")  # what _parts needs no LaTeX step for
+_BASE = re.compile(r"\d+_\d+")  # canonical 506_{7}: 506 in base 7
 _PLAIN = re.compile(r"-?(?:[1-9]\d{0,2}(?:,\d{3})+|\d+)(?:\.\d+)?")
 """A plain decimal number (thousands commas allowed): compared exactly, before any canonical form."""
 
@@ -91,6 +93,14 @@ def _plain_number(text: str) -> str | None:
 def _parts(text: str) -> tuple[str, str, str]:
     r"""``(canonical value, its unit, its variable prefix)``: ``x = 10\text{ cm}`` -> ``("10", "cm", "x")``."""
     s = text.strip().strip("$").strip()
+    if _ARITHMETIC.fullmatch(s):  # digits and operators only (most answers): no LaTeX, unit or name to remove
+        s = _grouped(" ".join(_GROUPING.sub("", s).split()).rstrip(".").strip())
+        return _strip_braces(_SPACES.sub("", s)), "", ""
+    return _latex_parts(s)
+
+
+def _latex_parts(s: str) -> tuple[str, str, str]:
+    """:func:`_parts` of an answer with LaTeX, words or units in it (every step)."""
     s = _GROUPING.sub("", s).replace("\\$", "").replace("\\%", "%")
     s = _SPACING.sub(" ", s)
     s = _DEGREES.sub("", s)
@@ -110,16 +120,24 @@ def _parts(text: str) -> tuple[str, str, str]:
     tail_unit = _UNIT_TAIL.match(s)
     if tail_unit:
         s, unit = tail_unit.group(1), tail_unit.group(2)
-    if _THOUSANDS.fullmatch(s):  # one number, grouped: never inside a tuple, an interval or a set
-        s = s.replace(",", "")
+    s = _grouped(s)
     s = _AND_OR.sub(",", s)
     s = _MIXED.sub(lambda m: f"({m.group(1)}+\\frac{{{m.group(2)}}}{{{m.group(3)}}})", s)
-    s = _SUBSCRIPT.sub(r"_\1", _SPACES.sub("", s))
-    while len(s) > 1 and s[0] == "{" and s[-1] == "}" and _balanced(s[1:-1]):
-        s = s[1:-1]
+    s = _strip_braces(_SUBSCRIPT.sub(r"_\1", _SPACES.sub("", s)))
     unit = re.sub(r"[\s.]+", "", unit.lower())
     prefix_name = prefix.group(1).replace(" ", "") if prefix else ""
     return s, (unit.rstrip("s") if len(unit) > 2 else unit), prefix_name
+
+
+def _grouped(s: str) -> str:
+    """One number written with thousands separators loses them: never inside a tuple, an interval or a set."""
+    return s.replace(",", "") if _THOUSANDS.fullmatch(s) else s
+
+
+def _strip_braces(s: str) -> str:
+    while len(s) > 1 and s[0] == "{" and s[-1] == "}" and _balanced(s[1:-1]):
+        s = s[1:-1]
+    return s
 
 
 def canonical(text: str) -> str:
@@ -209,12 +227,17 @@ def _decide(a: str, g: str) -> bool | None:
         return _all_items([x for r in matrix_a for x in r], [y for r in matrix_g for y in r])
     if ":" in a or ":" in g or _WORDS.search(a) or _WORDS.search(g):
         return False  # ratios, times and words are compared as written
-    if "_" in a or "_" in g or _AS_WRITTEN.search(a + g) or _RELATION.search(a) or _RELATION.search(g):
-        # a base or an index, \overline, an equation, x \in S, a \pm b: never one plain number; against anything
-        # else the symbolic fallback decides
-        return False if _is_number(a) or _is_number(g) else None
+    if _BASE.fullmatch(a) or _BASE.fullmatch(g):
+        return False  # a number in another base (506_7) is its own canonical form: the question asked for it
     if ("\\cup" in a) != ("\\cup" in g):
         return False  # a union of intervals is compared with a union
+    relation_a, relation_g = _RELATION.search(a), _RELATION.search(g)
+    if ("=" in a and not relation_g) or ("=" in g and not relation_a):
+        return False  # an equation (a plane, a line) is never a bare expression
+    if "_" in a or "_" in g or _AS_WRITTEN.search(a + g) or relation_a or relation_g:
+        # an index, \overline, x \in S, a \pm b: never one plain number; against anything else the symbolic
+        # fallback decides
+        return False if _is_number(a) or _is_number(g) else None
     seq_a, seq_g = _sequence(a), _sequence(g)
     if seq_a or seq_g:
         if not (seq_a and seq_g):
@@ -229,7 +252,10 @@ def _decide(a: str, g: str) -> bool | None:
     undecided = False
     for form_a in _percent_forms(a, g):
         for form_g in _percent_forms(g, a):
-            names = tuple(sorted(set(_var_names(form_a)) | set(_var_names(form_g))))
+            names_a, names_g = _var_names(form_a), _var_names(form_g)
+            if names_a is not None and names_g is not None and names_a != names_g:
+                continue  # 2x^2+5x-1 is not 1/4, x+1 is not y+1: no need to evaluate either at every point
+            names = tuple(sorted(set(names_a or ()) | set(names_g or ())))
             va, vg = evaluate(form_a, names), evaluate(form_g, names)
             if va is None or vg is None:
                 undecided = True
@@ -264,11 +290,12 @@ def _matrix(s: str) -> list[list[str]] | None:
     return [row.split("&") for row in rows]
 
 
-def _var_names(s: str) -> list[str]:
+def _var_names(s: str) -> list[str] | None:
+    """The variables of ``s`` (sorted), or None when it cannot be read."""
     try:
         return variable_names(tokenize(s))
     except Unreadable:
-        return []
+        return None
 
 
 def _same_set(xs: list[str], ys: list[str]) -> bool | None:
