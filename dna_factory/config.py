@@ -143,8 +143,29 @@ def shipped_config_hint(path: str | Path) -> str:
     return did_you_mean(wanted.lower(), shipped)
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, first: int, second: int):
+        super().__init__(f"key {key!r}")
+        self.key, self.first, self.second = key, first, second
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (YAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise _DuplicateKey(key, seen[key], line)
+            if isinstance(key, str | int | float | bool):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: str | Path, what: str) -> dict[str, Any]:
-    """Read a YAML mapping; a missing file or a non-mapping is a DnaConfigError."""
+    """Read a YAML mapping; a missing file, a key given twice or a non-mapping is a DnaConfigError."""
     path = Path(path)
     if not path.is_file():
         raise DnaConfigError(
@@ -152,7 +173,12 @@ def load_yaml(path: str | Path, what: str) -> dict[str, Any]:
             f"{Path.cwd()})."
         )
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
+    except _DuplicateKey as dup:
+        raise DnaConfigError(
+            f"{what} '{path}' has the key {dup.key!r} twice (line {dup.first} and line {dup.second}); YAML would "
+            "keep the second silently. Keep one."
+        ) from None
     except yaml.YAMLError as exc:
         raise DnaConfigError(f"{what} '{path}' is not valid YAML: {exc}. Fix the syntax.") from None
     if data is None:

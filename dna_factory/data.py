@@ -31,6 +31,7 @@ from dna_factory.data_files import (
     DatasetSpec,
     data_suffix,
     first_bad_jsonl_line,
+    folder_without_data,
     looks_local,
     nested_sources,
 )
@@ -123,6 +124,14 @@ def parse_specs(raw: Any, key: str = "datasets") -> list[DatasetSpec]:
                 f"Dataset path '{path}' in {where} does not exist. Check the path (relative to {Path.cwd()}), "
                 "or use a hub id such as org/name."
             )
+        if looks_local(path) and Path(path).expanduser().is_dir() and not entry.get("data_files"):
+            holds = folder_without_data(Path(path).expanduser())
+            if holds is not None:
+                raise DnaConfigError(
+                    f"Dataset path '{path}' in {where} is a folder with no dataset in it ({holds}). Point path at "
+                    "a data file (.jsonl, .json, .csv, .parquet, .arrow), a folder of them, or a save_to_disk "
+                    "folder."
+                )
         specs.append(
             DatasetSpec(
                 path=path,

@@ -46,6 +46,28 @@ def looks_local(path: str) -> bool:
     )
 
 
+def folder_without_data(path: Path, scan_limit: int = 2000) -> str | None:
+    """For a local folder that ``datasets`` cannot load: a sentence naming what it holds; else None.
+
+    A ``save_to_disk`` folder or one with data files (``.jsonl``, ``.parquet``, ..., in it or below it) is
+    a dataset; a folder of other files fails deep inside ``datasets`` with a message that names neither.
+    """
+    if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+        return None
+    seen: list[str] = []
+    for index, entry in enumerate(path.rglob("*")):
+        if index >= scan_limit:
+            return None  # a large tree: datasets decides
+        if entry.is_file():
+            if data_suffix(entry) in LOCAL_SUFFIXES:
+                return None
+            seen.append(str(entry.relative_to(path)))
+    holds = (
+        f"it holds {', '.join(sorted(seen)[:3])}{' ...' if len(seen) > 3 else ''}" if seen else "it is empty"
+    )
+    return holds
+
+
 def data_suffix(path: Path) -> str:
     """The data format's suffix of a file: ``.jsonl`` for ``x.jsonl`` and for ``x.jsonl.gz``."""
     if path.suffix in COMPRESSIONS:

@@ -114,6 +114,11 @@ def validate_model_folder(cfg: ResolvedConfig) -> None:
 
 def validate_output_dir(cfg: ResolvedConfig) -> None:
     """The output dir is a folder, or can be made one: no file in its place or above it, writable."""
+    if not str(cfg.get("output_dir") or "").strip():  # Path("") is ".": the run would write into the cwd
+        raise DnaConfigError(
+            "output_dir is empty. Give the folder for checkpoints and the final model, e.g. "
+            f"--output_dir outputs/{cfg.stage}-run."
+        )
     out = Path(str(cfg.get("output_dir"))).expanduser()
     if out.exists() and not out.is_dir():
         raise DnaConfigError(f"output_dir '{out}' is a file, not a folder. Choose another output_dir.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +37,14 @@ def _recipe(stage, tmp_path, write_yaml, write_jsonl, tiny_model, **overrides):
     }
     recipe.update(overrides)
     return write_yaml("recipe.yaml", recipe)
+
+
+def _folder_of_notes(write_jsonl) -> Path:
+    """A folder next to the recipe's data that holds no dataset (a text file only)."""
+    folder = write_jsonl("unused.jsonl", []).parent / "notes"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("the rows are in good.jsonl\n")
+    return folder
 
 
 CASES = {
@@ -70,6 +79,14 @@ CASES = {
         lambda s, d: ({"report_to": ["wandbb"]}, None),
         ["'wandbb'", "Did you mean 'wandb'?", "none, all, wandb, tensorboard, trackio, mlflow"],
     ),
+    "a folder with no dataset in it": (  # #35: a folder passed the dry run, then failed inside datasets
+        lambda s, d: ({"datasets": [{"path": str(_folder_of_notes(d))}]}, None),
+        ["is a folder with no dataset in it", "save_to_disk", "notes.txt"],
+    ),
+    "empty output_dir": (  # #35: --output_dir '' passed the dry run
+        lambda s, d: ({"output_dir": ""}, None),
+        ["output_dir is empty"],
+    ),
     "empty messages row": (
         lambda s, d: ({"datasets": [{"path": str(d("bad.jsonl", [GOOD_ROW[s], EMPTY_ROW[s]]))}]}, None),
         {"sft": ["row 1", "`messages` is empty"], "dpo": ["row 1", "`chosen` is missing or empty"]},
@@ -92,6 +109,34 @@ def test_bad_input_is_rejected_before_model_load(
     for fragment in expected[stage] if isinstance(expected, dict) else expected:
         assert fragment in error_lines[0], error_lines[0]
     assert "Traceback" not in err and "Loading weights" not in err
+
+
+def test_a_duplicate_yaml_key_is_one_error_line_with_both_line_numbers(tmp_path, capsys):
+    """#35: YAML keeps the last of two equal keys silently; a recipe where the second learning_rate wins
+    unnoticed trains at the wrong rate. Nested mappings too (a dataset entry, a pipeline stage)."""
+    recipe = tmp_path / "twice.yaml"
+    recipe.write_text(
+        "model_name_or_path: artifacts/tiny/student\n"
+        "learning_rate: 1.0e-4\n"
+        "datasets:\n"
+        "  - path: data/tiny/arith_sft.jsonl\n"
+        "learning_rate: 3.0e-3\n"
+    )
+    assert main("sft", ["--config", str(recipe), "--dry_run"]) == 2
+    err = capsys.readouterr().err
+    [line] = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert "'learning_rate'" in line and "line 2" in line and "line 5" in line, line
+    nested = tmp_path / "nested.yaml"
+    nested.write_text(
+        "model_name_or_path: artifacts/tiny/student\n"
+        "datasets:\n"
+        "  - path: data/tiny/arith_sft.jsonl\n"
+        "    label: a\n"
+        "    label: b\n"
+    )
+    assert main("sft", ["--config", str(nested), "--dry_run"]) == 2
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert "'label'" in line and "line 4" in line and "line 5" in line, line
 
 
 @pytest.mark.parametrize("stage", ["sft", "dpo"])

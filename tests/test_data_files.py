@@ -82,3 +82,24 @@ def test_a_malformed_line_of_a_jsonl_gz_is_named_by_file_and_line(tmp_path):
         peek_columns(spec)
     with pytest.raises(DnaConfigError, match=expected):
         load_mixture([spec], "prompt", seed=0)
+
+
+def test_a_folder_is_a_dataset_when_datasets_can_load_it(tmp_path):
+    """#35: only a folder that datasets cannot load is refused (a save_to_disk folder, data files below it pass)."""
+    from dna_factory.data_files import folder_without_data
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert folder_without_data(empty) == "it is empty"
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.txt").write_text("x")
+    assert folder_without_data(notes) == "it holds a.txt"
+    nested = tmp_path / "nested" / "data"
+    nested.mkdir(parents=True)
+    (nested / "train-00000.parquet").write_bytes(b"")
+    assert folder_without_data(tmp_path / "nested") is None
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "dataset_info.json").write_text("{}")
+    assert folder_without_data(saved) is None
