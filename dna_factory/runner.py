@@ -49,7 +49,7 @@ from dna_factory.resume import (
     plan_resume,
     write_fingerprint,
 )
-from dna_factory.run_files import LOG_HISTORY, RUN_SUMMARY, write_atomic
+from dna_factory.run_files import LOG_HISTORY, RUN_SUMMARY, hold_output_dir, write_atomic
 from dna_factory.stages import Stage, get_stage
 from dna_factory.validation import run_validators
 
@@ -193,6 +193,8 @@ def train(stage: Stage, cfg: ResolvedConfig, started: float | None = None) -> di
     output_dir = training_args.output_dir
     is_main = training_args.process_index == 0
     rehearsal = cfg.rehearsal
+    if is_main:  # one run per output dir, before anything reads or moves what is in it
+        hold_output_dir(output_dir)
     if rehearsal is not None and is_main:
         claim_output_dir(output_dir)
     defaults = dataclass_defaults(cfg.args)

@@ -103,3 +103,18 @@ def test_a_folder_is_a_dataset_when_datasets_can_load_it(tmp_path):
     saved.mkdir()
     (saved / "dataset_info.json").write_text("{}")
     assert folder_without_data(saved) is None
+
+
+def test_a_half_written_last_line_of_a_runs_jsonl_is_skipped_with_a_warning(tmp_path, caplog):
+    """#35: a run killed while appending to eval_results.jsonl left half a line; the report and plot_run.py
+    raised JSONDecodeError on it instead of showing the rows before it."""
+    from dna_factory.run_files import EVAL_RESULTS, eval_rows, read_jsonl
+
+    path = tmp_path / EVAL_RESULTS
+    path.write_text(
+        '{"eval/step": 10, "eval/arith": 0.5}\n{"eval/step": 20, "eval/arith": 0.7}\n{"eval/step": 3'
+    )
+    with caplog.at_level("WARNING"):
+        assert [row["eval/step"] for row in eval_rows(tmp_path)] == [10, 20]
+    assert "half-written last line" in caplog.text and EVAL_RESULTS in caplog.text
+    assert read_jsonl(tmp_path / "missing.jsonl") == []

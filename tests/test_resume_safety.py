@@ -138,6 +138,37 @@ def _wait_for(path: Path, pattern: str, child: subprocess.Popen, timeout: float 
         time.sleep(0.2)
 
 
+@pytest.mark.slow
+def test_one_run_per_output_dir_and_a_dead_holders_lock_is_taken_over(tmp_path, tiny_model):
+    """#35 item 2: a second run into an output dir in use refuses with one line naming the holder (both used
+    to train and exit 0, their checkpoints interleaved); after the holder is SIGKILLed, a new run takes its
+    lock over with a warning and finishes."""
+    out = tmp_path / "sft"
+    first_log = tmp_path / "first.log"
+    first = start_cli("sft.py", *SFT, "--max_steps", "100000", "--save_steps", "100000", "--output_dir", str(out),
+                      log=first_log)  # fmt: skip
+    try:
+        _wait_for(first_log, r"'loss'", first)
+        second = run_cli("sft.py", *SFT, "--max_steps", "2", "--output_dir", str(out))
+        assert second.returncode == 2, second.stderr[-3000:]
+        last = second.stderr.strip().splitlines()[-1]
+        assert (
+            last.startswith("error: ") and "in use by another run" in last and f"pid {first.pid}" in last
+        ), last
+        assert "Traceback" not in second.stderr and "Loading weights" not in second.stderr
+        assert first.poll() is None, "the refused run stopped the first one"
+        first.kill()  # SIGKILL: no handler runs, the lock file still names the dead run
+        first.wait(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    third = run_cli(
+        "sft.py", *SFT, "--max_steps", "2", "--output_dir", str(out), "--resume_from_checkpoint", "false"
+    )
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert f"taking over the lock of pid {first.pid}" in third.stderr, third.stderr[-3000:]
+
+
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_saves_a_checkpoint_and_says_how_to_resume(sig, status, tmp_path, tiny_model):
     out = tmp_path / "sft"

@@ -44,6 +44,7 @@ import dna_factory.async_grpo.rollout_child  # noqa: F401  (TRL's rollout child,
 from dna_factory.async_grpo.rollout_watchdog import RolloutWatchdog
 from dna_factory.async_grpo.tree_attention import use_tree_sdpa
 from dna_factory.errors import DnaConfigError
+from dna_factory.run_files import read_jsonl
 from dna_factory.trl_pin import TRL_VERSION
 
 logger = logging.getLogger(__name__)
@@ -326,7 +327,7 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
         path = Path(self.args.output_dir) / TRAINED_RECORD
         if not path.is_file():
             return
-        lines = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        rows = [row for row in read_jsonl(path) if row["step"] <= step]
         tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in lines))
+        tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
         os.replace(tmp, path)

@@ -49,12 +49,12 @@ class CompletionsLog(TrainerCallback):
             return
         import json
 
-        kept = [
-            line
-            for line in (self.out / FILE_NAME).read_text(encoding="utf-8").splitlines(keepends=True)
-            if line.strip() and json.loads(line).get("step", 0) <= state.global_step
-        ]
-        (self.out / FILE_NAME).write_text("".join(kept), encoding="utf-8")
+        from dna_factory.run_files import read_jsonl
+
+        kept = [row for row in read_jsonl(self.out / FILE_NAME) if row.get("step", 0) <= state.global_step]
+        (self.out / FILE_NAME).write_text(
+            "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in kept), encoding="utf-8"
+        )
         if self.ledger.is_file():
             names = [
                 n
