@@ -815,6 +815,41 @@ def test_a_dead_rollout_child_stops_the_trainer_with_one_error_line(vllm_server,
         _restore_server_weights(vllm_server, tiny_model)
 
 
+def _alive(pid: int) -> bool:
+    """``pid`` runs (a zombie, dead but not yet reaped by its new parent, does not count)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_rollout_child_dies_with_a_trainer_killed_outright(vllm_server, tiny_model, tmp_path):
+    """#35 item 5: SIGKILL to the trainer alone (not its process group; an OOM kill or a native crash looks the
+    same) used to leave its rollout child re-parented to PID 1, generating against the server for ever."""
+    child, log = _spawn_async_run(
+        vllm_server.base_url.removesuffix("/v1"), tmp_path, "--save_steps", "1", "--max_steps", "100"
+    )
+    try:
+        _wait_for_checkpoint(child, tmp_path / "run" / "checkpoint-1", log)
+        found = re.search(r"spawned child pid=(\d+)", log.read_text())
+        assert found, log.read_text()[-3000:]
+        rollout_pid = int(found.group(1))
+        assert _alive(rollout_pid)
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.time() + 15
+        while _alive(rollout_pid) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _alive(rollout_pid), "the rollout child outlived its trainer"
+    finally:
+        child.poll()
+        with contextlib.suppress(ProcessLookupError):  # the session: an orphaned child of a failed run too
+            os.killpg(child.pid, signal.SIGKILL)
+        _restore_server_weights(vllm_server, tiny_model)
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_a_rollout_child_killed_during_its_start_up_is_one_error_line(vllm_server, tiny_model, tmp_path):
