@@ -51,7 +51,7 @@ from dna_factory.resume import (
 )
 from dna_factory.run_files import LOG_HISTORY, RUN_SUMMARY, hold_output_dir, write_atomic
 from dna_factory.stages import Stage, get_stage
-from dna_factory.validation import run_validators
+from dna_factory.validation import run_validators, wandb_login_found
 
 logger = logging.getLogger("dna_factory")
 
@@ -154,14 +154,12 @@ def configure_reporting(training_args, run_args: RunArguments) -> None:
     if run_args.wandb_project:
         os.environ.setdefault("WANDB_PROJECT", run_args.wandb_project)
     os.environ.setdefault("WANDB_DIR", training_args.output_dir)
-    if not os.environ.get("WANDB_MODE") and not os.environ.get("WANDB_API_KEY"):
-        netrc = Path.home() / ".netrc"
-        if not (netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")):
-            os.environ["WANDB_MODE"] = "offline"
-            logger.warning(
-                "No W&B login found: logging to W&B offline under %s (wandb sync later).",
-                training_args.output_dir,
-            )
+    if not os.environ.get("WANDB_MODE") and not wandb_login_found():
+        os.environ["WANDB_MODE"] = "offline"
+        logger.warning(
+            "No W&B login found: logging to W&B offline under %s (wandb sync later).",
+            training_args.output_dir,
+        )
 
 
 def write_resolved_config(cfg: ResolvedConfig, output_dir: str, kept_as: str | None = None) -> Path:

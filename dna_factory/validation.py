@@ -161,6 +161,33 @@ def validate_report_to(cfg: ResolvedConfig) -> None:
         )
 
 
+def wandb_login_found() -> bool:
+    """A W&B API key in ``WANDB_API_KEY`` or in the netrc file ``wandb login`` writes (``NETRC`` or ~/.netrc)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = (
+        (os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
+        .split("://")[-1]
+        .split("/")[0]
+        .split(":")[0]
+    )
+    netrc = Path(os.environ.get("NETRC") or Path.home() / ".netrc").expanduser()
+    return netrc.is_file() and host in netrc.read_text(errors="ignore")
+
+
+def validate_wandb_login(cfg: ResolvedConfig) -> None:
+    """W&B asked for online (``WANDB_MODE=online``) needs a login; without one wandb raises after the model loaded."""
+    report_to = cfg.get("report_to")
+    targets = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    if not {"wandb", "all"} & set(targets) or os.environ.get("WANDB_MODE", "").lower() != "online":
+        return
+    if not wandb_login_found():
+        raise DnaConfigError(
+            "WANDB_MODE=online but no W&B login was found (WANDB_API_KEY, or ~/.netrc from `wandb login`). Run "
+            "`wandb login` or set WANDB_API_KEY, or unset WANDB_MODE to log offline (wandb sync later)."
+        )
+
+
 def validate_distributed_env(cfg: ResolvedConfig) -> None:
     """accelerate configured for DeepSpeed without deepspeed installed fails now, not after the model loaded (a
     missing ``deepspeed:`` file is refused earlier, by :func:`dna_factory.config.check_deepspeed_file`)."""
@@ -208,6 +235,7 @@ COMMON_VALIDATORS = (
     validate_model,
     validate_model_folder,
     validate_output_dir,
+    validate_wandb_login,
     validate_resume,
     validate_report_to,
     validate_distributed_env,

@@ -111,6 +111,20 @@ def test_bad_input_is_rejected_before_model_load(
     assert "Traceback" not in err and "Loading weights" not in err
 
 
+def test_wandb_online_without_a_login_is_one_error_line_before_loading(tmp_path, monkeypatch, capsys):
+    """#35: WANDB_MODE=online with no W&B login was a wandb UsageError traceback after the model had loaded."""
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    args = ["--config", "configs/sft/tiny-cpu.yaml", "--report_to", "wandb", "--output_dir", str(tmp_path / "o")]
+    assert main("sft", [*args, "--dry_run"]) == 2
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert "WANDB_MODE=online" in line and "wandb login" in line and "WANDB_API_KEY" in line, line
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # a key (checked by W&B when the run starts): the check passes
+    assert main("sft", [*args, "--dry_run"]) == 0
+
+
 def test_a_duplicate_yaml_key_is_one_error_line_with_both_line_numbers(tmp_path, capsys):
     """#35: YAML keeps the last of two equal keys silently; a recipe where the second learning_rate wins
     unnoticed trains at the wrong rate. Nested mappings too (a dataset entry, a pipeline stage)."""
