@@ -117,11 +117,20 @@ def test_wandb_online_without_a_login_is_one_error_line_before_loading(tmp_path,
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
-    args = ["--config", "configs/sft/tiny-cpu.yaml", "--report_to", "wandb", "--output_dir", str(tmp_path / "o")]
+    args = [
+        "--config",
+        "configs/sft/tiny-cpu.yaml",
+        "--report_to",
+        "wandb",
+        "--output_dir",
+        str(tmp_path / "o"),
+    ]
     assert main("sft", [*args, "--dry_run"]) == 2
     [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert "WANDB_MODE=online" in line and "wandb login" in line and "WANDB_API_KEY" in line, line
-    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # a key (checked by W&B when the run starts): the check passes
+    monkeypatch.setenv(
+        "WANDB_API_KEY", "x" * 40
+    )  # a key (checked by W&B when the run starts): the check passes
     assert main("sft", [*args, "--dry_run"]) == 0
 
 
