@@ -10,7 +10,6 @@ call :func:`main` with the stage name and nothing else.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -25,10 +24,8 @@ from pathlib import Path
 from dna_factory.config import ResolvedConfig, RunArguments, resolve
 from dna_factory.config_types import dataclass_defaults, field_types
 from dna_factory.errors import CONFIG_ERRORS, Interrupted
-from dna_factory.eval.keys import CheckpointEvalArguments
 from dna_factory.loading import building_trainer, load_context, load_data
 from dna_factory.preview import preview, split_preview_flag
-from dna_factory.prompts import PromptArguments
 from dna_factory.provenance import provenance
 from dna_factory.rehearsal import (
     REHEARSE_SOURCE,
@@ -51,6 +48,7 @@ from dna_factory.resume import (
 )
 from dna_factory.run_files import LOG_HISTORY, RUN_SUMMARY, hold_output_dir, write_atomic
 from dna_factory.stages import Stage, get_stage
+from dna_factory.stages.base import dataclass_types
 from dna_factory.validation import run_validators, wandb_login_found
 
 logger = logging.getLogger("dna_factory")
@@ -71,19 +69,6 @@ def setup_logging(level: str = "info") -> None:
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
-
-
-def dataclass_types(stage: Stage) -> list[type]:
-    from trl import ModelConfig
-
-    return [
-        stage.config_class,
-        ModelConfig,
-        RunArguments,
-        PromptArguments,
-        CheckpointEvalArguments,
-        *stage.extra_dataclasses,
-    ]
 
 
 def auto_output_dir(cfg: ResolvedConfig) -> str:
@@ -299,32 +284,6 @@ def _peak_gpu_memory_gib() -> float | None:
     return round(torch.cuda.max_memory_allocated() / 2**30, 3)
 
 
-def _print_help(stage: Stage) -> None:
-    """Every key of the stage, grouped by the dataclass that owns it, with its type, effective default and help."""
-    from dna_factory.config import CONFIGS_DIR, load_yaml
-    from dna_factory.config_types import describe_keys
-
-    print(
-        f"usage: python {stage.name}.py --config RECIPE.yaml [--key value ...] [--dry_run] [--preview [N]] "
-        "[--rehearse]\n"
-    )
-    print(
-        "--preview [N]: load the datasets and the tokenizer, print N rows per dataset label as the trainer "
-        "tokenizes them (loss mask, chat template, tools), and exit before any model loads.\n"
-    )
-    print(
-        "--rehearse: run this recipe on CPU for two steps with a tiny model of the same family and chat "
-        "template, a few rows of each dataset and local servers; every change is logged (docs/rehearsal.md).\n"
-    )
-    name = f"_defaults-{stage.defaults}.yaml"
-    print(
-        f"Layers: configs/{name} < --config RECIPE < command-line flags. Each key shows the default a run gets.\n"
-    )
-    path = CONFIGS_DIR / name
-    layer = (f"configs/{name}", load_yaml(path, "Defaults file")) if path.is_file() else None
-    print(describe_keys(dataclass_types(stage), layer))
-
-
 def split_debug_flag(argv: list[str]) -> tuple[list[str], bool]:
     """``--debug``: show the traceback behind an ``error:`` line (not a config key)."""
     return [a for a in argv if a != "--debug"], "--debug" in argv
@@ -358,11 +317,9 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     setup_logging()
     if any(a in ("-h", "--help") for a in argv):
-        stage = get_stage(stage_name)
-        if stage.variant is not None:  # grpo_execution: async has its own keys and defaults file
-            with contextlib.suppress(*CONFIG_ERRORS):
-                stage = stage.variant(argv)
-        _print_help(stage)
+        from dna_factory.stages.help import print_help
+
+        print_help(stage_name, argv)
         return 0
     argv, debug = split_debug_flag(argv)
     try:

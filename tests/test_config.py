@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import yaml
 
@@ -147,6 +150,47 @@ def test_help_of_the_async_variant_shows_its_own_defaults(capsys):
     assert main("grpo", ["--grpo_execution", "async", "--help"]) == 0
     out = capsys.readouterr().out
     assert "default 'nccl' from configs/_defaults-async_grpo.yaml" in _help_line(out, "weight_sync")
+
+
+HELP_VARIANTS = {"sft": [], "dpo": [], "grpo": [], "distill": [], "grpo-async": ["--grpo_execution", "async"]}
+
+
+@pytest.mark.parametrize("name", sorted(HELP_VARIANTS))
+def test_the_shipped_help_is_the_built_help(name):
+    """The shipped --help text fits the installed TRL, transformers and defaults files, and says what the keys
+    say now. When this fails: python scripts/make_help.py."""
+    from dna_factory.stages.help import build_help, help_name, live_stage, shipped_help
+
+    argv = HELP_VARIANTS[name]
+    assert help_name(name.split("-")[0], argv) == name
+    shipped = shipped_help(name)
+    assert shipped is not None, (
+        f"dna_factory/stages/help/{name}.txt was built for other versions: make_help.py"
+    )
+    built = build_help(live_stage(name.split("-")[0], argv))
+    assert shipped.rstrip("\n") == built.rstrip("\n"), "run scripts/make_help.py"
+
+
+def test_help_answers_without_importing_trl_and_builds_it_when_the_shipped_text_is_stale(
+    tmp_path, monkeypatch
+):
+    """#35: --help took 11-17 s of CPU (it imported TRL to list the keys); the shipped text needs no TRL."""
+    code = (
+        "import sys\nfrom dna_factory.runner import main\nmain('grpo', ['--help'])\n"
+        "print('TRL IMPORTED' if 'trl' in sys.modules else 'NO TRL')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("NO TRL") and "dynamic_sampling" in proc.stdout, proc.stdout[-500:]
+
+    from dna_factory.stages import help as stage_help
+
+    stale = tmp_path / "help"
+    stale.mkdir()
+    text = (stage_help.HELP_DIR / "sft.txt").read_text()
+    (stale / "sft.txt").write_text(text.replace("trl==", "trl==0.0.1.", 1))
+    monkeypatch.setattr(stage_help, "HELP_DIR", stale)
+    assert stage_help.shipped_help("sft") is None  # built for another TRL: --help builds the text instead
 
 
 def test_resolved_config_roundtrips(tmp_path, tiny_model):

@@ -70,3 +70,21 @@ class Stage:
     variant: Callable[[list[str]], Stage] | None = None
     foreign_keys: Callable[[], dict[str, str]] | None = None
     wait_for_services: Callable[[ResolvedConfig], None] | None = None
+
+
+def dataclass_types(stage: Stage) -> list[type]:
+    """The dataclasses whose fields are the stage's keys: its TRL config, TRL's ModelConfig and ours."""
+    from trl import ModelConfig
+
+    from dna_factory.config import RunArguments
+    from dna_factory.eval.keys import CheckpointEvalArguments
+    from dna_factory.prompts import PromptArguments
+
+    return [
+        stage.config_class,
+        ModelConfig,
+        RunArguments,
+        PromptArguments,
+        CheckpointEvalArguments,
+        *stage.extra_dataclasses,
+    ]
