@@ -221,9 +221,12 @@ def plan_resume(
                 f"output_dir {output_dir} holds a run ({where}) whose settings differ from this one's: "
                 f"{'; '.join(differences(theirs, mine))}."
             )
-        if not ((explicit_path is not None or want_last) and allow_config_change and checkpoint is not None):
+        other_stage = theirs.get("stage") != stage  # never continued: --allow_config_change is for keys
+        if other_stage or not (
+            (explicit_path is not None or want_last) and allow_config_change and checkpoint is not None
+        ):
             ways = "Use a new output_dir for this run"
-            if checkpoint is not None:
+            if checkpoint is not None and not other_stage:
                 ways += (
                     f", continue that one on purpose with --resume_from_checkpoint {checkpoint} "
                     "--allow_config_change"

@@ -74,6 +74,14 @@ def test_another_stage_in_the_same_output_dir_is_refused(run_copy):
     errors = _error_lines(proc.stderr)
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "sft" in errors[0] and "dpo" in errors[0] and "output_dir" in errors[0], errors[0]
+    assert "--allow_config_change" not in errors[0], errors[0]  # #35: it never crosses stages: not a way out
+    # #35 item 4: following that advice anyway (an older message gave it) let dpo.py take over the SFT run
+    proc = run_cli(
+        "dpo.py", "--config", "configs/dpo/tiny-cpu.yaml", "--max_steps", "3", "--output_dir", str(run_copy),
+        "--resume_from_checkpoint", str(run_copy / "checkpoint-2"), "--allow_config_change",
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "another stage" in _error_lines(proc.stderr)[-1], proc.stderr[-3000:]
     assert (run_copy / "resolved_config.yaml").read_text() == resolved_before
     assert _checkpoints(run_copy) == ["checkpoint-2"]
 
