@@ -220,6 +220,18 @@ def _check_messages(messages: Any, what: str) -> list[dict]:
     return messages
 
 
+def _has_text(content: Any) -> bool:
+    """A message content (a string, or a list of parts) holds some text, or another part (an image)."""
+    if isinstance(content, str):
+        return bool(content.strip())
+    if isinstance(content, list):
+        return any(
+            not isinstance(part, dict) or part.get("type") != "text" or _has_text(part.get("text"))
+            for part in content
+        )
+    return False
+
+
 def _check_prompt(prompt: Any, what: str = "prompt") -> Any:
     if isinstance(prompt, str):
         if not prompt.strip():
@@ -227,7 +239,10 @@ def _check_prompt(prompt: Any, what: str = "prompt") -> Any:
         return prompt
     if prompt is None:
         raise _RowError(f"`{what}` is missing (None)")
-    return _check_messages(prompt, what)
+    messages = _check_messages(prompt, what)
+    if not any(_has_text(m.get("content")) for m in messages):
+        raise _RowError(f"`{what}` has no text: every message's content is empty")
+    return messages
 
 
 def _last_assistant(messages: list[dict]) -> int | None:
@@ -276,6 +291,7 @@ def normalize_row(row: dict[str, Any], fmt: str) -> dict[str, Any]:
             prompt, reply = split_messages(messages)
             if not prompt:
                 raise _RowError("`messages` has no turn before the last assistant reply")
+            _check_prompt(prompt)
             out["prompt"] = prompt
             out.pop("messages")
             if fmt == "grpo":
