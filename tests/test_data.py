@@ -54,7 +54,11 @@ def test_bare_prompt_is_kept_in_place():
         ({"prompt": [USER], "completion": ""}, "sft", "`completion` is missing or empty"),
         # #35: a prompt of messages with no text in them passed and was trained on
         ({"prompt": [{"role": "user", "content": ""}]}, "grpo", "`prompt` has no text"),
-        ({"prompt": [{"role": "system", "content": " "}, {"role": "user", "content": ""}]}, "grpo", "no text"),
+        (
+            {"prompt": [{"role": "system", "content": " "}, {"role": "user", "content": ""}]},
+            "grpo",
+            "no text",
+        ),
         ({"prompt": [{"role": "user", "content": ""}], "chosen": "a", "rejected": "b"}, "dpo", "no text"),
         ({"messages": [{"role": "user", "content": ""}, ASSISTANT]}, "grpo", "`prompt` has no text"),
     ],
