@@ -229,11 +229,18 @@ def _decide(a: str, g: str) -> bool | None:
         return False  # ratios, times and words are compared as written
     if _BASE.fullmatch(a) or _BASE.fullmatch(g):
         return False  # a number in another base (506_7) is its own canonical form: the question asked for it
-    if ("\\cup" in a) != ("\\cup" in g):
-        return False  # a union of intervals is compared with a union
-    relation_a, relation_g = _RELATION.search(a), _RELATION.search(g)
-    if ("=" in a and not relation_g) or ("=" in g and not relation_a):
+    union_a, union_g = "\\cup" in a, "\\cup" in g
+    relation_a = _RELATION.search(a.replace("\\cup", ""))  # \cup itself is no relation here
+    relation_g = _RELATION.search(g.replace("\\cup", ""))
+    if union_a != union_g and not (relation_a or relation_g):
+        return (
+            False  # a union of intervals is never one interval or an expression (x < 2 or x > 3 may be one)
+        )
+    if (_equation(a) and not relation_g) or (_equation(g) and not relation_a):
         return False  # an equation (a plane, a line) is never a bare expression
+    if union_a != union_g:
+        return False if _is_number(a) or _is_number(g) else None
+    relation_a, relation_g = relation_a or union_a, relation_g or union_g
     if "_" in a or "_" in g or _AS_WRITTEN.search(a + g) or relation_a or relation_g:
         # an index, \overline, x \in S, a \pm b: never one plain number; against anything else the symbolic
         # fallback decides
@@ -252,10 +259,7 @@ def _decide(a: str, g: str) -> bool | None:
     undecided = False
     for form_a in _percent_forms(a, g):
         for form_g in _percent_forms(g, a):
-            names_a, names_g = _var_names(form_a), _var_names(form_g)
-            if names_a is not None and names_g is not None and names_a != names_g:
-                continue  # 2x^2+5x-1 is not 1/4, x+1 is not y+1: no need to evaluate either at every point
-            names = tuple(sorted(set(names_a or ()) | set(names_g or ())))
+            names = tuple(sorted(set(_var_names(form_a) or ()) | set(_var_names(form_g) or ())))
             va, vg = evaluate(form_a, names), evaluate(form_g, names)
             if va is None or vg is None:
                 undecided = True
@@ -263,6 +267,15 @@ def _decide(a: str, g: str) -> bool | None:
             if all(same_value(x, y) for x, y in zip(va, vg, strict=True)):
                 return True
     return None if undecided else False
+
+
+def _equation(s: str) -> bool:
+    """``5x-7y+11z+4=0``, ``x+y=3``: one equation of a curve or a plane, not a name given a value (``f(x)=x^2``,
+    ``x=1,y=2``: those the fallback compares)."""
+    if s.count("=") != 1 or "," in s:
+        return False
+    left, right = s.split("=")
+    return right == "0" or any(op in left[1:] for op in "+-")
 
 
 def _is_number(s: str) -> bool:
