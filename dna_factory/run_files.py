@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -172,12 +173,30 @@ def hold_output_dir(output_dir: str | os.PathLike[str]) -> Path:
     path = lock_path(output_dir)
     if str(path) in _HELD:
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except (
+        OSError
+    ) as exc:  # a parent the user cannot write (a container's /output): the run itself may still work
+        logger.warning(
+            "output_dir %s: no lock beside it (%s); a second run into it would not be stopped.",
+            output_dir,
+            exc,
+        )
+        return path
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:  # held by a live process
-        holder = _record(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):  # a file system without flock
+            os.close(fd)
+            logger.warning(
+                "output_dir %s: its file system cannot lock (%s); a second run would not be stopped.",
+                output_dir,
+                exc,
+            )
+            return path
+        holder = _record(fd)  # held by a live process
         os.close(fd)
         raise DnaConfigError(
             f"output_dir '{output_dir}' is in use by another run: {_describe(holder)}. Wait for it to end, stop "

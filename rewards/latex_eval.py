@@ -217,9 +217,9 @@ class _Parser:
 
 MAX_EXACT_POWER = 64
 """The largest root exponent (``8^{2/3}``) tried exactly."""
-MAX_EXACT_BITS = 1 << 16
+MAX_EXACT_BITS = 1 << 13
 """An integer power whose result has at most about this many bits is computed exactly (``3^{2007}``: 3,200
-bits); a larger one in floating point, where it overflows (unreadable). Floating point would call
+bits; more, summed over many terms, costs seconds); a larger one in floating point, where it overflows (unreadable). Floating point would call
 ``2^{100}+1`` and ``2^{100}`` the same number."""
 
 

@@ -275,7 +275,8 @@ def _equation(s: str) -> bool:
     if s.count("=") != 1 or "," in s:
         return False
     left, right = s.split("=")
-    return right == "0" or any(op in left[1:] for op in "+-")
+    top = re.sub(r"\{[^{}]*\}|\([^()]*\)", "", left)  # f^{-1}(x), a_{n+1}, f(x-1): names, not sums
+    return right == "0" or any(op in top[1:] for op in "+-")
 
 
 def _is_number(s: str) -> bool:
@@ -403,9 +404,11 @@ def symbolic_equal(answer: str, gold: str, timeout_s: float = FALLBACK_TIMEOUT_S
     (a stuck worker is killed); in a daemonic process, which cannot start one, in a thread waited for.
     """
     if threading.current_thread() is threading.main_thread():
+        from math_verify.errors import TimeoutException  # a BaseException: `except Exception` lets it through
+
         try:
             return _verify_here(answer, gold, timeout_s)
-        except Exception as exc:  # math_verify's TimeoutException and parse errors: never a silent verdict
+        except (Exception, TimeoutException) as exc:  # a timeout or a parse error: never a silent verdict
             logger.warning(
                 "Math equivalence: %r vs %r: %s; the sample gets None.", answer, gold, exc or type(exc)
             )

@@ -191,6 +191,11 @@ def test_help_answers_without_importing_trl_and_builds_it_when_the_shipped_text_
     (stale / "sft.txt").write_text(text.replace("trl==", "trl==0.0.1.", 1))
     monkeypatch.setattr(stage_help, "HELP_DIR", stale)
     assert stage_help.shipped_help("sft") is None  # built for another TRL: --help builds the text instead
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(
+        "grpo_execution: async\ngrpo_execution: sync\n"
+    )  # a key twice: the recipe does not load
+    assert stage_help.help_name("grpo", ["--config", str(broken), "--help"]) == "grpo"  # still answers
 
 
 def test_resolved_config_roundtrips(tmp_path, tiny_model):

@@ -118,3 +118,20 @@ def test_a_half_written_last_line_of_a_runs_jsonl_is_skipped_with_a_warning(tmp_
         assert [row["eval/step"] for row in eval_rows(tmp_path)] == [10, 20]
     assert "half-written last line" in caplog.text and EVAL_RESULTS in caplog.text
     assert read_jsonl(tmp_path / "missing.jsonl") == []
+
+
+def test_an_output_dir_lock_that_cannot_be_taken_is_a_warning_not_a_refusal(tmp_path, monkeypatch, caplog):
+    """A file system without flock (some FUSE mounts) refused every run as 'in use'; a parent the user cannot
+    write was a PermissionError traceback. Only a lock held by another process refuses."""
+    import errno
+    import fcntl
+
+    from dna_factory import run_files
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    with caplog.at_level("WARNING"):
+        run_files.hold_output_dir(tmp_path / "run")
+    assert "cannot lock" in caplog.text

@@ -24,8 +24,13 @@ PACKAGES = ("trl", "transformers")
 
 def help_name(stage_name: str, argv: list[str]) -> str:
     """The shipped file's name for this command line: ``grpo-async`` when it selects async GRPO."""
-    if stage_name == "grpo" and peek_value(argv, "grpo_execution") == "async":
-        return "grpo-async"
+    from dna_factory.errors import DnaConfigError
+
+    try:
+        if stage_name == "grpo" and peek_value(argv, "grpo_execution") == "async":
+            return "grpo-async"
+    except DnaConfigError:  # a recipe that does not load: --help still answers (for the stage's own keys)
+        pass
     return stage_name
 
 

@@ -221,10 +221,19 @@ def test_answers_of_different_kinds_are_told_apart_without_the_symbolic_fallback
         ("f(x)=x^2", "x^2"),  # a name given a value is not an equation of a curve
         ("x=1, y=2", "(1, 2)"),
         (r"\pi r^2", r"r^2\pi"),  # \pir reads as one unknown command: not "no variables"
+        (r"f^{-1}(x)=\frac{x-3}{2}", r"\frac{x-3}{2}"),  # the - of an inverse is no sum
+        ("a_{n+1}=2a_n", "2a_n"),
     ],
 )
 def test_the_same_base_or_power_is_still_credited(answer, gold):
     assert math_equal(answer, gold) is True and math_equal(gold, answer) is True
+
+
+def test_a_fallback_timeout_on_the_main_thread_is_none_not_a_crash():
+    """math_verify's TimeoutException is a BaseException: it went through `except Exception` and ended the run."""
+    reward = make_string_match_reward("boxed", answer_column="solution", equivalence="math")
+    completions = [r"The answer is $\boxed{2^{2^{16}}}$."]
+    assert reward(prompts=["q"], completions=completions, solution=[r"\boxed{2^{65536}}"]) == [None]
 
 
 @settings(max_examples=100, deadline=None)
