@@ -792,6 +792,14 @@ def _kill_session(child: subprocess.Popen) -> None:
         child.wait()
 
 
+def _rollout_pid_after_first_checkpoint(child, log: Path, tmp_path: Path) -> int:
+    """Wait for the run's checkpoint-1; the pid of its rollout child, from the trainer's log."""
+    _wait_for_checkpoint(child, tmp_path / "run" / "checkpoint-1", log)
+    found = re.search(r"spawned child pid=(\d+)", log.read_text())
+    assert found, log.read_text()[-3000:]
+    return int(found.group(1))
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_a_dead_rollout_child_stops_the_trainer_with_one_error_line(vllm_server, tiny_model, tmp_path):
@@ -802,10 +810,7 @@ def test_a_dead_rollout_child_stops_the_trainer_with_one_error_line(vllm_server,
         vllm_server.base_url.removesuffix("/v1"), tmp_path, "--save_steps", "1", "--max_steps", "100"
     )
     try:
-        _wait_for_checkpoint(child, tmp_path / "run" / "checkpoint-1", log)
-        found = re.search(r"spawned child pid=(\d+)", log.read_text())
-        assert found, log.read_text()[-3000:]
-        rollout_pid = int(found.group(1))
+        rollout_pid = _rollout_pid_after_first_checkpoint(child, log, tmp_path)
         before = len(log.read_text())
         os.kill(rollout_pid, signal.SIGKILL)
         _, last = _ended_with_one_error_line(child, log, before, "its rollout child died")
@@ -833,10 +838,7 @@ def test_the_rollout_child_dies_with_a_trainer_killed_outright(vllm_server, tiny
         vllm_server.base_url.removesuffix("/v1"), tmp_path, "--save_steps", "1", "--max_steps", "100"
     )
     try:
-        _wait_for_checkpoint(child, tmp_path / "run" / "checkpoint-1", log)
-        found = re.search(r"spawned child pid=(\d+)", log.read_text())
-        assert found, log.read_text()[-3000:]
-        rollout_pid = int(found.group(1))
+        rollout_pid = _rollout_pid_after_first_checkpoint(child, log, tmp_path)
         assert _alive(rollout_pid)
         os.kill(child.pid, signal.SIGKILL)
         deadline = time.time() + 15
