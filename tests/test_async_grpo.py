@@ -629,6 +629,21 @@ def _complete(base: str, max_tokens: int) -> dict:
         return json.loads(response.read())["choices"][0]
 
 
+def _wait_until_generating(base: str, bound_s: float = 60) -> None:
+    """Poll the server's Prometheus ``/metrics`` until it runs a request (bounded: a failure guard), so that a
+    pause that follows lands mid-generation on a fast machine and a loaded one alike (a fixed sleep did not: CI saw
+    every request finished, or not yet admitted, at the pause)."""
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(base + "/metrics", timeout=30) as response:
+            metrics = response.read().decode()
+        running = re.findall(r"^vllm:num_requests_running\{[^}]*\} ([0-9.]+)$", metrics, re.MULTILINE)
+        if any(float(value) > 0 for value in running):
+            return
+        time.sleep(0.01)
+    pytest.fail(f"the server ran no request within {bound_s} s")
+
+
 def _post_server(base: str, path: str) -> str:
     request = urllib.request.Request(base + path, data=b"{}", headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=120) as response:
@@ -657,7 +672,7 @@ def test_file_weight_sync_during_generation_aborts_no_request(vllm_server, tiny_
     try:
         with ThreadPoolExecutor(n) as pool:
             futures = [pool.submit(_complete, base, length) for _ in range(n)]
-            time.sleep(0.3)
+            _wait_until_generating(base)
             in_flight = sum(not f.done() for f in futures)
             transfer.pause()
             transfer.send_weights(iter(model.state_dict().items()))
@@ -742,7 +757,7 @@ def test_rollout_child_resubmits_a_completion_the_server_aborted(vllm_server):
         async with aiohttp.ClientSession() as session:
             loop.session = session
             requests = [asyncio.create_task(loop._post("/v1/completions", body, 300)) for _ in range(n)]
-            await asyncio.sleep(0.3)
+            await asyncio.to_thread(_wait_until_generating, base)
             in_flight = sum(not r.done() for r in requests)
             await asyncio.to_thread(_post_server, base, "/pause")  # vLLM's default: mode=abort
             await asyncio.to_thread(_post_server, base, "/resume")
