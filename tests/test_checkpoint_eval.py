@@ -459,3 +459,29 @@ def test_eval_rows_reach_the_server_as_the_training_chat():
     )
     assert [type(m) for m in chat.input] == [ChatMessageSystem, ChatMessageUser]
     assert [m.content for m in chat.input] == ["Answer with a number.", "2+3?"]
+
+
+HARNESS_IMPORTS = """
+import json, sys
+from dna_factory.eval import harness
+code = harness.main(sys.argv[1:])
+print(json.dumps({"code": code, "imported": sorted(m for m in ("anthropic", "inspect_evals") if m in sys.modules)}))
+"""
+
+
+@pytest.mark.vllm
+def test_a_local_task_eval_imports_neither_the_registry_nor_anthropic(vllm_server, tmp_path):
+    """Canary of the two Inspect internals that ``skip_unused_imports`` sets (~5 s of each checkpoint eval): a
+    real eval of a local task on the shared server scores every sample, and neither the ``inspect_evals``
+    registry nor the ``anthropic`` SDK is imported. An Inspect that renames either switch fails here."""
+    args = ["--model", "tiny", "--base-url", vllm_server.base_url, "--log-root", str(tmp_path),
+            "--task", f"largest={TASKS_FILE}@largest", "--max-tokens", "8", "--max-connections", "8",
+            "--limit", "8", "--temperature", "0"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", HARNESS_IMPORTS, *args], cwd=REPO, env=cli_env(), capture_output=True, text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result, summary = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    assert result["status"] == "success" and result["samples"] == 8, result
+    assert summary == {"code": 0, "imported": []}, summary

