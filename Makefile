@@ -28,6 +28,10 @@ $(STAMP): pyproject.toml
 	command -v bwrap >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
 		apt-get install -y -qq bubblewrap >/dev/null; } || \
 		echo "note: install bubblewrap (apt-get install bubblewrap) for the code sandbox; see docs/rewards.md"
+	# DeepSpeed JIT-builds its CPU shared-memory collective op (~40 s here) when the first ZeRO run starts;
+	# built once now, into torch's extension cache (~/.cache/torch_extensions), instead of inside a run or a test.
+	$(PY) -c "from deepspeed.accelerator import get_accelerator as a; a().create_op_builder('ShareMemCommBuilder').load()" \
+		>/dev/null 2>&1 || echo "note: DeepSpeed's CPU shm op did not build now; the first ZeRO run on CPU builds it"
 	touch $(STAMP)
 
 $(TINY)/student/config.json: $(STAMP) scripts/make_tiny_model.py
