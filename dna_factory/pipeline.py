@@ -41,6 +41,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Set
 from pathlib import Path
 
 from dna_factory.errors import CONFIG_ERRORS, DnaConfigError
@@ -52,6 +53,7 @@ from dna_factory.pipeline_recipe import (
     final_model,
     input_model,
     load_pipeline,
+    set_keys,
     stage_argv,
 )
 from dna_factory.run_files import write_atomic
@@ -62,10 +64,13 @@ logger = logging.getLogger(__name__)
 REHEARSAL_MARK = "rehearsal-pipeline.json"
 
 
-def rehearse(pipeline: Pipeline, output_dir: str | None, fresh: bool, running: bool) -> None:
+def rehearse(
+    pipeline: Pipeline, output_dir: str | None, fresh: bool, running: bool, user_keys: Set[str] = frozenset()
+) -> None:
     """``--rehearse``: every stage as one CPU process with ``--rehearse``, outputs kept apart from real runs.
 
-    With ``fresh`` (no ``--from_stage``/``--only_stage``) an earlier rehearsal of this pipeline is
+    A stage's ``max_steps`` from the recipe is the real run's length and is dropped (the rehearsal's own
+    length applies); one in ``user_keys`` (``--set max_steps=N``) is the user's and is kept. With ``fresh`` (no ``--from_stage``/``--only_stage``) an earlier rehearsal of this pipeline is
     removed first, so every stage runs again; a folder holding a real pipeline is refused.
     """
     from dna_factory.rehearsal import claim_output_dir
@@ -74,6 +79,8 @@ def rehearse(pipeline: Pipeline, output_dir: str | None, fresh: bool, running: b
         stage.launcher = []
         stage.gpus = {}
         stage.flags.append("--rehearse")
+        if "max_steps" not in user_keys:
+            stage.overrides.pop("max_steps", None)
     pipeline.eval_server = None  # each rehearsed stage decides its own evals (docs/rehearsal.md)
     if not output_dir:
         pipeline.output_dir = Path("outputs") / "rehearse" / pipeline.name
@@ -446,7 +453,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.rehearse:
             running = not args.dry_run and args.preview is None
             rehearse(
-                pipeline, args.output_dir, fresh=not (args.from_stage or args.only_stage), running=running
+                pipeline,
+                args.output_dir,
+                fresh=not (args.from_stage or args.only_stage),
+                running=running,
+                user_keys=set_keys(args.set),
             )
         selected = select(pipeline, args.from_stage, args.only_stage)
         rows = validate(pipeline, selected)

@@ -193,6 +193,11 @@ def check_references(stages: list[PipelineStage], where: str) -> None:
                     )
 
 
+def set_keys(assignments: list[str]) -> set[str]:
+    """The keys that ``--set KEY=VALUE`` assignments name."""
+    return {a.partition("=")[0].strip().removeprefix("--") for a in assignments}
+
+
 def apply_cli_overrides(pipeline: Pipeline, assignments: list[str], output_dir: str | None) -> None:
     """``--set KEY=VALUE`` (YAML value) into every stage's overrides, and ``--output_dir``."""
     for assignment in assignments:

