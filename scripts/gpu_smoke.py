@@ -23,7 +23,8 @@ distill    ``distill.py``: local teacher (a second random model of the same shap
 Per stage the JSON holds the exit status, steps, mean step time, training tokens/s (TRL's
 ``num_tokens`` over ``train_runtime``), the trainer's peak GPU memory
 (``torch.cuda.max_memory_allocated``, from ``run_summary.json``; vLLM's own pool is not in it),
-and the log tail of a failed stage. Nothing here asserts a speed: the numbers are for the reader.
+and the log tail of a failed stage. Nothing here asserts a speed: the numbers are for the reader. A stage
+that was skipped fails the run (exit 1) unless ``--allow_skips`` is given.
 """
 
 from __future__ import annotations
@@ -183,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cpu", action="store_true", help="run on CPU with the tiny twins (checks the script)"
     )
+    parser.add_argument(
+        "--allow_skips",
+        action="store_true",
+        help="exit 0 when a stage is skipped (no vLLM, no GPU for colocate); by default a skip fails the run",
+    )
     parser.add_argument("--work", type=Path, default=REPO / "outputs" / "gpu_smoke")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
@@ -255,6 +261,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"\nwritten to {args.out}")
     failed = [r for r in results if r.get("exit_status")]
+    skipped = [r["stage"] for r in results if "skipped" in r]
+    if skipped and not args.allow_skips:
+        print(
+            f"error: {len(skipped)} stage(s) skipped: {', '.join(skipped)}; nothing was measured for them "
+            "(pass --allow_skips to accept that)."
+        )
+        return 1
     return 1 if failed else 0
 
 

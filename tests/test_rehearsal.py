@@ -348,6 +348,18 @@ def test_gpu_smoke_script_runs_on_cpu(tmp_path):
         assert stage["step_time_s"] > 0 and stage["peak_gpu_memory_gib"] is None
 
 
+def test_gpu_smoke_fails_when_a_stage_is_skipped_unless_skips_are_allowed(tmp_path):
+    """#37: a smoke run that measured nothing of a stage is not a pass. On CPU, vLLM colocate is skipped."""
+    args = ["scripts/gpu_smoke.py", "--cpu", "--stages", "grpo_vllm", "--work", str(tmp_path / "work")]
+    strict = run_cli(*args, "--out", str(tmp_path / "strict.json"))
+    assert strict.returncode == 1, strict.stdout[-2000:] + strict.stderr[-2000:]
+    assert "error: 1 stage(s) skipped: grpo_vllm" in strict.stdout and "--allow_skips" in strict.stdout
+    [stage] = json.loads((tmp_path / "strict.json").read_text())["stages"]
+    assert stage["stage"] == "grpo_vllm" and "skipped" in stage
+    allowed = run_cli(*args, "--out", str(tmp_path / "allowed.json"), "--allow_skips")
+    assert allowed.returncode == 0, allowed.stdout[-2000:] + allowed.stderr[-2000:]
+
+
 def test_a_rehearsal_replaces_an_earlier_rehearsal_and_refuses_a_real_run(tmp_path):
     """A rerun starts fresh (an earlier rehearsal's folder is emptied, so its checkpoint-2 cannot end the
     new run at step 0); a folder holding a real run is refused before anything is written into it."""
