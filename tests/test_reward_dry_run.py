@@ -142,3 +142,52 @@ def test_the_coding_agent_recipes_reward_hidden_tests_and_shown_tests_warn(tmp_p
     assert len(warning) == 1 and "tests_column: [private_tests, generated_tests]" in warning[0], proc.stderr[
         -3000:
     ]
+
+
+# --------------------------------------------------------------------------- #35 item 6: a user's own reward
+
+USER_REWARDS = {
+    "raises": "def score(prompts, completions, solution, **kw):\n    return [float(c[0]['content']) for c in completions]\n",
+    "short": "def score(prompts, completions, **kw):\n    return [1.0]\n",
+    "strings": "def score(prompts, completions, **kw):\n    return ['good' for _ in completions]\n",
+    "not_a_list": "def score(prompts, completions, **kw):\n    return 1.0\n",
+    "async_raises": "async def score(prompts, completions, **kw):\n    raise RuntimeError('judge down')\n",
+}
+FOUND = {
+    "raises": ["Your reward score raised ValueError: could not convert string to float", "row 0 of dataset arith",
+               "'The answer is 42.'", ".py:2"],
+    "short": ["Your reward score returned 1 values for 4 completions"],
+    "strings": ["Your reward score returned 'good' (str) for row 0 of dataset arith"],
+    "not_a_list": ["Your reward score returned float 1.0"],
+    "async_raises": ["Your reward score raised RuntimeError: judge down"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(USER_REWARDS))
+def test_a_users_reward_that_misbehaves_is_one_error_line_under_dry_run(
+    case, tmp_path, write_yaml, tiny_model, capsys
+):
+    """It was a raw traceback after the model had loaded (#35 item 6): now the dry run calls it on the first rows
+    of each dataset, as TRL would, and names the reward, the row and the bad value."""
+    module = f"user_reward_{case}"
+    (tmp_path / f"{module}.py").write_text(USER_REWARDS[case])
+    assert _dry_run(tmp_path, write_yaml, tiny_model, [f"{module}:score"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for part in FOUND[case]:
+        assert part in err, (part, err)
+
+
+def test_a_users_reward_gets_the_rows_columns_and_passes_the_dry_run(tmp_path, write_yaml, tiny_model):
+    """The probe calls the reward the way TRL does: the dataset's columns, label and trainer_state included."""
+    seen = tmp_path / "seen.json"
+    (tmp_path / "user_reward_fine.py").write_text(
+        "import json\n"
+        "def score(prompts, completions, solution, label, trainer_state, completion_ids, **kw):\n"
+        f"    json.dump({{'solution': solution, 'label': label, 'step': trainer_state.global_step}}, open({str(seen)!r}, 'w'))\n"
+        "    return [None if s is None else 0.5 for s in solution]\n"
+    )  # fmt: skip
+    assert _dry_run(tmp_path, write_yaml, tiny_model, ["user_reward_fine:score"]) == 0
+    record = json.loads(seen.read_text())
+    assert record["label"] == ["arith", "arith", "largest", "largest"] and record["step"] == 0
+    assert record["solution"][:2] == ["35", "19"]

@@ -13,6 +13,7 @@ from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
 from dna_factory.grpo.alarms import LearningAlarms
 from dna_factory.grpo.answer_formats import check_gold_cells, warn_unasked_answer_formats
+from dna_factory.grpo.reward_probe import probe_user_rewards
 from dna_factory.grpo.shown_tests import warn_shown_tests
 from dna_factory.validation import dataset_columns
 from rewards.registry import check_reward_columns, resolve_rewards
@@ -75,6 +76,7 @@ def validate_rewards(cfg: ResolvedConfig) -> None:
     check_gold_cells(cfg)
     warn_unasked_answer_formats(cfg)
     warn_shown_tests(cfg)
+    probe_user_rewards(cfg)
 
 
 def learning_alarms(stage_args: GRPOStageArguments, funcs: list) -> LearningAlarms:
