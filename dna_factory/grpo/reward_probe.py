@@ -10,6 +10,7 @@ instead of a traceback after the model has loaded.
 
 The probe completion is :data:`PROBE_COMPLETION` (a short plain answer): a reward must score any text
 the policy writes. Rewards of this project and TRL's are not called here; their own checks cover them.
+Nor are an agent recipe's rewards: they read the episode's live environments.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def probe_user_rewards(cfg: Any) -> None:
     Raises:
         DnaConfigError: naming the reward, the dataset and row, and what it did.
     """
+    if cfg.get("environment"):
+        return  # an agent's rewards read its live environments (TRL's ``environments``), which need a model
     entries = cfg.get("reward_funcs") or []
     funcs, _ = resolve_rewards(entries)
     users = [func for func in funcs if _is_users(func)]
