@@ -16,10 +16,12 @@ output dir holds the same fingerprint from the moment a run's checks passed. Bef
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -307,3 +309,78 @@ def follow_umask(folder: Path) -> None:
 
 def write_fingerprint(path: Path, record: dict[str, Any]) -> None:
     write_atomic(path, json.dumps(record, indent=2) + "\n")
+
+
+# --------------------------------------------------------------------------- a full disk (#35 item 6)
+
+_NO_SPACE = ("No space left on device", "StorageFull", "Disk quota exceeded")
+
+
+def _mib(size: float) -> str:
+    return f"{size / 2**20:.1f}"
+
+
+def _tree_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    found: list[BaseException] = []
+    while exc is not None and exc not in found:
+        found.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return found
+
+
+def disk_full_message(exc: BaseException, output_dir: str | Path | None) -> str | None:
+    """One line for a write into ``output_dir`` that failed on a full disk; None when ``exc`` is something else.
+
+    A full disk reaches us as ``OSError(ENOSPC)``, as safetensors' ``StorageFull``, or as torch's zip
+    writer's short write ("unexpected pos"), which says nothing of the cause: that one counts as a full disk
+    only when less room is left than the last checkpoint took. The line names the file system's free space,
+    the checkpoint that was being written (incomplete, skipped on resume), the size of a checkpoint, and the
+    last complete one, which a rerun resumes from.
+    """
+    if output_dir is None:
+        return None
+    out = Path(output_dir)
+    try:
+        usage = shutil.disk_usage(out if out.exists() else out.parent)
+    except OSError:
+        return None
+    chain = _chain(exc)
+    no_space = any(
+        (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT))
+        or any(s in str(e) for s in _NO_SPACE)
+        for e in chain
+    )
+    complete = next((c for c in checkpoints(out) if is_complete(c)), None)
+    size = _tree_size(complete) if complete is not None else None
+    if not no_space and not (isinstance(exc, RuntimeError) and size is not None and usage.free < size):
+        return None
+    newer = [
+        c
+        for c in checkpoints(out)
+        if complete is None or int(c.name.split("-")[1]) > int(complete.name.split("-")[1])
+    ]
+    writing = (
+        f" while writing {newer[0]}, which is incomplete and skipped on resume (delete it)" if newer else ""
+    )
+    need = (
+        f"a checkpoint takes about {_mib(size)} MiB"
+        if size is not None
+        else (
+            f"a checkpoint takes more than {_mib(_tree_size(newer[0]))} MiB"
+            if newer
+            else "a checkpoint needs more"
+        )
+    )
+    kept = (
+        f"{complete} is the last complete checkpoint, and a rerun resumes from it"
+        if complete is not None
+        else "no checkpoint is complete yet, so a rerun starts over"
+    )
+    return (
+        f"the disk holding {out} is full ({_mib(usage.free)} MiB free of {_mib(usage.total)} MiB){writing}; "
+        f"{need}. {kept}: free space there (or set save_total_limit, or another output_dir) and rerun."
+    )

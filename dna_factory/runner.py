@@ -40,6 +40,7 @@ from dna_factory.rehearsal import (
 from dna_factory.resume import (
     FINGERPRINT_NAME,
     AlreadyFinished,
+    disk_full_message,
     fingerprint,
     follow_umask,
     move_aside,
@@ -322,6 +323,7 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
         print_help(stage_name, argv)
         return 0
     argv, debug = split_debug_flag(argv)
+    output_dir = None
     try:
         run_argv, preview_rows = split_preview_flag(argv)
         if preview_rows is not None:  # GPU recipes preview on any machine, as they dry-run
@@ -334,6 +336,7 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
             print(cfg.render(), end="")
             print(f"# dry run: config valid, all validators passed for {stage.name}.py", file=sys.stderr)
             return 0
+        output_dir = cfg.get("output_dir")
         train(stage, cfg, started)
     except CONFIG_ERRORS as exc:
         if debug:
@@ -343,6 +346,15 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
     except AlreadyFinished as exc:
         logger.info("%s", exc)
         return 0
+    except (OSError, RuntimeError) as exc:
+        full = disk_full_message(exc, output_dir)
+        if full is None:
+            raise
+        if debug:
+            traceback.print_exc()
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"error: {full} To resume, rerun: {resume_command(stage_name, argv)}", file=sys.stderr)
+        return 2
     except Interrupted as exc:
         if exc.step is not None:
             saved = f"saved {exc.checkpoint}" if exc.checkpoint else "no checkpoint was saved"

@@ -339,3 +339,38 @@ def test_ctrl_c_under_the_pipeline_saves_the_stage_and_skips_its_eval(
     assert "Starting vLLM" not in after_signal and "Staged" not in after_signal, after_signal[-3000:]
     last = [line for line in text.splitlines() if line.strip()][-1]
     assert "pipeline.py" in last and "resume" in last, last
+
+
+# --------------------------------------------------------------------------- #35 item 6: a full disk
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MiB tmpfs (a real file system that fills up): room for one checkpoint of the tiny model, not two."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_naming_the_path_the_need_and_the_kept_checkpoint(
+    small_disk,
+):
+    out = small_disk / "run"
+    proc = run_cli("sft.py", *SFT, "--max_steps", "6", "--output_dir", str(out))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    [line] = _error_lines(proc.stderr)
+    assert "Error" not in proc.stderr.split(line)[1], proc.stderr[-2000:]  # after it: progress bars at most
+    assert f"the disk holding {out} is full" in line, line
+    assert "checkpoint-4" in line and "incomplete" in line, line  # the one being written
+    assert f"{out / 'checkpoint-2'} is the last complete checkpoint" in line, line
+    assert re.search(r"a checkpoint takes about [\d.]+ MiB", line) and "free" in line, line
+    assert "rerun" in line
