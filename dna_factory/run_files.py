@@ -44,7 +44,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +58,12 @@ EVAL_RESULTS = "eval_results.jsonl"
 DONE = "DONE.json"
 
 
-def write_atomic(path: str | os.PathLike[str], text: str | Iterable[str]) -> None:
-    """Write ``text`` (a string, or chunks of one) to ``path`` through a temporary file in the same folder and a
-    rename: a reader sees the old file or the whole new one, never a half-written one. The temporary file is
-    removed when writing fails; the new file's mode follows the umask, as a plain ``open()``'s would."""
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary file beside ``path`` for any writer (text, bytes, ``safetensors.save_file``), renamed onto
+    ``path`` once the block ends and the data is on disk: a reader sees the old file or the whole new one, never
+    a half-written one. The temporary file is removed when the block fails; the new file's mode follows the
+    umask, as a plain ``open()``'s would. The project's one atomic write (#39)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -70,16 +72,26 @@ def write_atomic(path: str | os.PathLike[str], text: str | Iterable[str]) -> Non
         os.umask(umask)
         with contextlib.suppress(OSError):  # mkstemp makes 0600; some network filesystems refuse chmod
             os.fchmod(handle, 0o666 & ~umask)
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            for chunk in [text] if isinstance(text, str) else text:
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
+        os.close(handle)
+        yield Path(tmp)
+        with open(tmp, "rb") as written:
+            os.fsync(written.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def write_atomic(path: str | os.PathLike[str], data: str | bytes | Iterable[str]) -> None:
+    """Write ``data`` (a string, bytes, or chunks of a string) to ``path`` atomically (:func:`atomic_path`)."""
+    with atomic_path(path) as tmp:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+            return
+        with open(tmp, "w", encoding="utf-8") as out:
+            for chunk in [data] if isinstance(data, str) else data:
+                out.write(chunk)
 
 
 def read_json(path: Path) -> Any:

@@ -18,6 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
+from dna_factory.run_files import write_atomic
+
 # (function name, task, canonical solution, tests)
 CODE_TASKS = [
     (
@@ -118,9 +120,7 @@ IF_TASKS = [
 
 
 def _write(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, (json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 def code_rows() -> list[dict]:

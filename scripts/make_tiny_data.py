@@ -40,6 +40,8 @@ import json
 import random
 from pathlib import Path
 
+from dna_factory.run_files import write_atomic
+
 MAX_OPERAND = 19
 EVAL_FRACTION = 0.1
 
@@ -62,9 +64,7 @@ def answer(a: int, b: int) -> str:
 
 
 def _write(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, (json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 def make_tiny_data(out: str | Path = "data/tiny", seed: int = 0) -> dict[str, int]:

@@ -4,6 +4,9 @@ the other way round."""
 from __future__ import annotations
 
 import ast
+import re
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -201,3 +204,31 @@ def test_pipeline_entries_come_from_the_stage_registry():
         assert stage.name == name
         assert (REPO / "configs" / f"_defaults-{stage.defaults}.yaml").is_file()
         assert (REPO / f"{name}.py").is_file(), f"the entry script {name}.py"
+
+
+def test_one_atomic_write():
+    """#39: every atomic write goes through run_files.atomic_path / write_atomic (text and bytes alike); a
+    hand-written temporary file renamed into place elsewhere is a second copy of the mechanism."""
+    renames = re.compile(r"os\.replace\(|os\.rename\(|\.replace\((target|path)\)|\.rename\(")
+    found = [
+        f"{path.relative_to(REPO)}:{number}"
+        for folder in ("dna_factory", "rewards", "scripts")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if path.name != "run_files.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if renames.search(line)
+    ]
+    assert found == [], found
+
+
+def test_the_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
+    from dna_factory.run_files import atomic_path, write_atomic
+
+    target = tmp_path / "weights.bin"
+    write_atomic(target, b"\x00old")
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("the writer died")
+    assert target.read_bytes() == b"\x00old" and [p.name for p in tmp_path.iterdir()] == ["weights.bin"]
+    write_atomic(target, (chunk for chunk in ("a", "b")))
+    assert target.read_text() == "ab"

@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections import deque
 from pathlib import Path
 
@@ -44,7 +43,7 @@ import dna_factory.async_grpo.rollout_child  # noqa: F401  (TRL's rollout child,
 from dna_factory.async_grpo.rollout_watchdog import RolloutWatchdog
 from dna_factory.async_grpo.tree_attention import use_tree_sdpa
 from dna_factory.errors import DnaConfigError
-from dna_factory.run_files import read_jsonl
+from dna_factory.run_files import read_jsonl, write_atomic
 from dna_factory.trl_pin import TRL_VERSION
 
 logger = logging.getLogger(__name__)
@@ -271,9 +270,7 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
         path = (
             Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}" / ROLLOUT_STATE
         )
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state) + "\n")
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(state) + "\n")
 
     def _inner_training_loop(self, *args, **kwargs):  # TRL 1.16.0 private
         self._resume_from = kwargs.get("resume_from_checkpoint")
@@ -328,6 +325,4 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
         if not path.is_file():
             return
         rows = [row for row in read_jsonl(path) if row["step"] <= step]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        os.replace(tmp, path)
+        write_atomic(path, (json.dumps(row) + "\n" for row in rows))

@@ -38,7 +38,6 @@ checkpoint write and read per sync.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 import urllib.error
@@ -46,6 +45,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dna_factory.run_files import atomic_path
 from dna_factory.vllm_server import post_dev_endpoint, reload_weights
 
 if TYPE_CHECKING:
@@ -133,9 +133,8 @@ class FileWeightTransfer:
             embed = next((v for k, v in state.items() if k.endswith("embed_tokens.weight")), None)
             if embed is not None:
                 state["lm_head.weight"] = embed.clone()
-        tmp = self.weights_dir / "model.safetensors.tmp"
-        save_file(state, str(tmp))
-        os.replace(tmp, self.weights_dir / "model.safetensors")
+        with atomic_path(self.weights_dir / "model.safetensors") as tmp:
+            save_file(state, str(tmp))
         reload_weights(self.server_url, self.weights_dir, self.timeout_s)
         self.syncs += 1
         logger.info(

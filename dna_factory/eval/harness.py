@@ -39,6 +39,7 @@ from pathlib import Path
 
 from dna_factory.errors import DnaConfigError
 from dna_factory.process_group import group_alive, kill_group, register, unregister
+from dna_factory.run_files import write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -307,10 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     for task in tasks:
         results.append(run_task(task, args))
         print(json.dumps(results[-1]), flush=True)
-    target = Path(args.log_root) / RESULTS_NAME
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"model": args.model, "tasks": results}, indent=2) + "\n")
-    tmp.replace(target)
+    write_atomic(
+        Path(args.log_root) / RESULTS_NAME,
+        json.dumps({"model": args.model, "tasks": results}, indent=2) + "\n",
+    )
     return 0
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dna_factory.errors import DnaConfigError
+from dna_factory.run_files import write_atomic
 
 RECORD_NAME = "rehearsal.json"
 REAL_RUN_MARKS = ("run_summary.json", "resolved_config.yaml", "DONE.json", "trainer_state.json")
@@ -40,10 +41,7 @@ def write_record(output_dir: str, **entries: Any) -> Path:
     path = Path(output_dir) / RECORD_NAME
     record = json.loads(path.read_text()) if path.is_file() else {}
     record.update(entries)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(record, indent=2, default=str) + "\n")
     return path
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dna_factory.rehearsal import hub_data
+from dna_factory.run_files import write_atomic
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "artifacts" / "tiny"
@@ -97,10 +98,7 @@ def build_twin(
     twin = table[hub_id]
     records, gold = twin.build(rows)
     path = twin.path(hub_id, out) if table is HUB_TWINS else Path(out) / "corpus" / twin.path(hub_id).name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, (json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     return path, gold
 
 
