@@ -8,7 +8,6 @@ expected classes are known in advance.
 
 from __future__ import annotations
 
-import doctest
 import json
 import os
 import signal
@@ -22,7 +21,7 @@ import pytest
 
 from dna_factory import filter as filter_tasks
 from dna_factory.errors import CONFIG_ERRORS, DnaConfigError
-from dna_factory.filter import FilterTasksConfig, learnability, run
+from dna_factory.filter import FilterTasksConfig, run
 from dna_factory.filter.learnability import ScoreLog, classify, combine
 from dna_factory.filter.rollouts import RolloutError
 from tests.conftest import REPO, cli_env, resume_server, run_cli
@@ -66,10 +65,6 @@ def test_classes_are_defined_by_group_variance():
     assert classify([0.3, 0.3 + 1e-9]) == "all_fail"  # float noise is not variance
     assert classify([0.3, 0.7], pass_threshold=0.5) == "learnable"
     assert classify([0.7, 0.7], pass_threshold=0.5) == "all_pass"
-
-
-def test_docstring_examples_run():
-    assert doctest.testmod(learnability).failed == 0
 
 
 def test_help_lists_every_key(capsys):

@@ -42,12 +42,3 @@ def test_sigterm_to_the_owner_stops_its_harness_run_at_once(tmp_path):
         owner.kill()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
-
-
-def test_docstring_examples_run():
-    import doctest
-
-    from dna_factory import process_group, run_files, vllm_server
-
-    for module in (process_group, run_files, vllm_server):
-        assert doctest.testmod(module).failed == 0, module.__name__

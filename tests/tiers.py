@@ -38,6 +38,7 @@ TIERS: dict[str, str] = {
     "tests/test_cli_errors.py": FAST,
     "tests/test_config.py": FAST,
     "tests/test_data.py": FAST,
+    "tests/test_doctests.py": FAST,
     "tests/test_data_columns.py": FAST,
     "tests/test_data_files.py": FAST,
     "tests/test_distill.py": MIXED,
