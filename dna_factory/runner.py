@@ -48,7 +48,7 @@ from dna_factory.resume import (
     write_fingerprint,
 )
 from dna_factory.run_files import LOG_HISTORY, RUN_SUMMARY, hold_output_dir, write_atomic
-from dna_factory.stages import Stage, get_stage
+from dna_factory.stages import Stage, select_stage, variant_foreign_keys
 from dna_factory.stages.base import dataclass_types
 from dna_factory.validation import run_validators, wandb_login_found
 
@@ -90,10 +90,11 @@ def prepare(stage_name: str, argv: list[str]) -> tuple[Stage, ResolvedConfig]:
     :class:`~dna_factory.rehearsal.Rehearsal` is kept on ``cfg.rehearsal``.
     """
     argv, rehearse = split_rehearse_flag(argv)
-    stage = get_stage(stage_name)
-    if stage.variant is not None:
-        stage = stage.variant(argv)
-    foreign = stage.foreign_keys() if stage.foreign_keys else None
+    stage = select_stage(stage_name, argv)
+    foreign = {
+        **variant_foreign_keys(stage_name, stage),
+        **(stage.foreign_keys() if stage.foreign_keys else {}),
+    }
     types = dataclass_types(stage)
     rehearsal = None
 

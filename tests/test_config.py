@@ -268,11 +268,9 @@ def test_a_recipe_says_only_what_differs_from_its_defaults_layer(recipe):
     """#16 item 6: a key that restates the value of the stage's defaults file (``configs/_defaults-*.yaml``, the
     layer under every recipe) is noise in the recipe, and hides what the recipe actually changes."""
     from dna_factory.config import CONFIGS_DIR, load_yaml
-    from dna_factory.stages import get_stage
+    from dna_factory.stages import select_stage
 
-    stage = get_stage(RECIPE_FOLDERS[recipe.split("/")[1]])
-    if stage.variant is not None:
-        stage = stage.variant(["--config", str(REPO / recipe)])
+    stage = select_stage(RECIPE_FOLDERS[recipe.split("/")[1]], ["--config", str(REPO / recipe)])
     defaults = load_yaml(CONFIGS_DIR / f"_defaults-{stage.defaults}.yaml", "Defaults file")
     keys = load_yaml(REPO / recipe, "Config file")
     selects = {

@@ -232,3 +232,13 @@ def test_the_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
     assert target.read_bytes() == b"\x00old" and [p.name for p in tmp_path.iterdir()] == ["weights.bin"]
     write_atomic(target, (chunk for chunk in ("a", "b")))
     assert target.read_text() == "ab"
+
+
+def test_the_sync_grpo_wing_does_not_import_its_async_variant():
+    """#39: the stage registry picks async GRPO (``dna_factory.stages.VARIANTS``); ``grpo/`` never reaches up into
+    ``async_grpo/``, not even inside a function."""
+    found = {
+        path.relative_to(REPO).as_posix(): sorted(m for m in _imported_modules(path) if "async_grpo" in m)
+        for path in sorted((REPO / "dna_factory" / "grpo").rglob("*.py"))
+    }
+    assert {path: modules for path, modules in found.items() if modules} == {}

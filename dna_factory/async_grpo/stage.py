@@ -13,7 +13,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trl import GRPOConfig, ModelConfig
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from dna_factory.agents.config import AgentArguments
@@ -21,9 +20,10 @@ from dna_factory.async_grpo.preflight import (
     MAX_MODEL_LEN,
     drop_overlong_prompts,
     setup_async_training_args,
+    validate_async_environment,
     wait_for_server,
 )
-from dna_factory.config import ResolvedConfig, RunArguments
+from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError, DnaServiceError
 from dna_factory.grpo.keys import GRPOStageArguments, learning_alarms, validate_rewards
 from dna_factory.prompts import validate_prompt_settings
@@ -67,20 +67,19 @@ class AsyncGRPOStageArguments(GRPOStageArguments):
     )
 
 
-def _names(*classes) -> set[str]:
-    return {f.name for cls in classes for f in dataclasses.fields(cls) if f.init}
-
-
-def sync_only_keys() -> dict[str, str]:
-    accepted = _names(AsyncGRPOConfig, ModelConfig, RunArguments, AsyncGRPOStageArguments)
-    reason = "applies to grpo_execution: sync only. Remove it, or run with --grpo_execution sync."
-    foreign = {key: reason for key in _names(GRPOConfig) - accepted}
-    agent_reason = (
+def agent_keys() -> dict[str, str]:
+    """The agent RL keys, which only the synchronous trainer runs (the other sync-only keys come from the stage
+    registry, :func:`dna_factory.stages.variant_foreign_keys`)."""
+    accepted = {f.name for cls in (AsyncGRPOConfig, AsyncGRPOStageArguments) for f in dataclasses.fields(cls)}
+    reason = (
         "is an agent RL key: agent stages run on the synchronous GRPO trainer (TRL's tool loop), which "
         "the async trainer does not have. Run with --grpo_execution sync, or remove it."
     )
-    foreign.update({key: agent_reason for key in _names(AgentArguments) - accepted})
-    return foreign
+    return {f.name: reason for f in dataclasses.fields(AgentArguments) if f.init and f.name not in accepted}
+
+
+check_environment = validate_async_environment
+"""Run by the stage registry when ``grpo_execution: async`` picks this stage: the packages async GRPO needs."""
 
 
 ASYNC_NEEDS_CHAT = "Async GRPO (TRL's rollout worker reads every prompt as a list of chat messages)"
@@ -164,6 +163,6 @@ STAGE = Stage(
     build_trainer=build_trainer,
     validators=(validate_async, validate_rewards, probe_services),
     extra_dataclasses=(AsyncGRPOStageArguments,),
-    foreign_keys=sync_only_keys,
+    foreign_keys=agent_keys,
     wait_for_services=wait_for_server,
 )

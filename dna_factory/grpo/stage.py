@@ -8,15 +8,10 @@ added). Rewards are resolved from ``reward_funcs`` entries, their weights become
 
 from __future__ import annotations
 
-import dataclasses
-
-from trl import GRPOConfig, GRPOTrainer, ModelConfig
+from trl import GRPOConfig, GRPOTrainer
 
 from dna_factory.agents.config import AgentArguments, agent_trainer_kwargs, validate_agent
-from dna_factory.async_grpo.preflight import validate_async_environment
-from dna_factory.async_grpo.stage import STAGE as ASYNC_STAGE
-from dna_factory.async_grpo.stage import AsyncGRPOConfig, AsyncGRPOStageArguments
-from dna_factory.config import ResolvedConfig, RunArguments, peek_value
+from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
 from dna_factory.grpo.completions_log import CompletionsLog
 from dna_factory.grpo.dynamic_sampling import DynamicSamplingGRPOTrainer
@@ -24,25 +19,6 @@ from dna_factory.grpo.keys import GRPOStageArguments, learning_alarms, validate_
 from dna_factory.services import probe_services, wait_for_services
 from dna_factory.stages.base import Stage, StageContext
 from rewards.registry import resolve_rewards
-
-
-def select_variant(argv: list[str]) -> Stage:
-    """``grpo_execution: async`` (recipe or CLI; the CLI wins) selects the async GRPO stage."""
-    if peek_value(argv, "grpo_execution") == "async":
-        validate_async_environment()
-        return ASYNC_STAGE
-    return STAGE
-
-
-def async_only_keys() -> dict[str, str]:
-    accepted = {
-        f.name
-        for c in (GRPOConfig, ModelConfig, RunArguments, GRPOStageArguments)
-        for f in dataclasses.fields(c)
-    }
-    async_keys = {f.name for c in (AsyncGRPOConfig, AsyncGRPOStageArguments) for f in dataclasses.fields(c)}
-    reason = "applies to grpo_execution: async only. Add grpo_execution: async, or remove it."
-    return {key: reason for key in async_keys - accepted}
 
 
 def validate_dynamic_sampling(cfg: ResolvedConfig) -> None:
@@ -86,7 +62,5 @@ STAGE = Stage(
     build_trainer=build_trainer,
     validators=(validate_rewards, validate_dynamic_sampling, validate_agent, probe_services),
     extra_dataclasses=(GRPOStageArguments, AgentArguments),
-    variant=select_variant,
-    foreign_keys=async_only_keys,
     wait_for_services=wait_for_services,
 )

@@ -53,8 +53,8 @@ class Stage:
         validators: pure checks over the resolved config, run before anything heavy loads
             and by ``--dry_run``; each raises DnaConfigError.
         extra_dataclasses: further config dataclasses whose keys this stage accepts.
-        variant: picks another Stage from the raw argv (e.g. ``grpo_execution: async``) before parsing.
-        foreign_keys: keys of sibling variants this one rejects, mapped to the reason shown to the user.
+        foreign_keys: keys this stage rejects with a reason of its own, beyond the keys only a sibling variant
+            accepts (:func:`dna_factory.stages.variant_foreign_keys`).
         wait_for_services: waits, bounded and logged, for the external services a run needs (a vLLM
             server) and checks them; run after validation and before data, tokenizer and model
             load, not by ``--dry_run``. Raises DnaServiceError.
@@ -67,7 +67,6 @@ class Stage:
     build_trainer: Callable[[StageContext], Any]
     validators: Sequence[Callable[[ResolvedConfig], None]] = ()
     extra_dataclasses: Sequence[type] = ()
-    variant: Callable[[list[str]], Stage] | None = None
     foreign_keys: Callable[[], dict[str, str]] | None = None
     wait_for_services: Callable[[ResolvedConfig], None] | None = None
 
@@ -88,3 +87,10 @@ def dataclass_types(stage: Stage) -> list[type]:
         CheckpointEvalArguments,
         *stage.extra_dataclasses,
     ]
+
+
+def stage_keys(stage: Stage) -> set[str]:
+    """Every key the stage accepts: the init fields of :func:`dataclass_types`."""
+    import dataclasses
+
+    return {f.name for cls in dataclass_types(stage) for f in dataclasses.fields(cls) if f.init}

@@ -97,13 +97,11 @@ def live_stage(stage_name: str, argv: list[str]):
     import contextlib
 
     from dna_factory.errors import CONFIG_ERRORS
-    from dna_factory.stages import get_stage
+    from dna_factory.stages import get_stage, select_stage
 
-    stage = get_stage(stage_name)
-    if stage.variant is not None:  # grpo_execution: async has its own keys and defaults file
-        with contextlib.suppress(*CONFIG_ERRORS):
-            stage = stage.variant(argv)
-    return stage
+    with contextlib.suppress(*CONFIG_ERRORS):  # grpo_execution: async has its own keys and defaults file
+        return select_stage(stage_name, argv)
+    return get_stage(stage_name)
 
 
 def print_help(stage_name: str, argv: list[str]) -> None:
