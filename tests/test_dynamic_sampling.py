@@ -255,6 +255,23 @@ def test_resample_needs_whole_groups_per_process(live_dead, tmp_path, tiny_model
     )
 
 
+@pytest.mark.parametrize("scale", ["batch", "group"])
+def test_resample_with_batch_scaled_rewards_is_refused(scale, live_dead, tmp_path, tiny_model, capsys):
+    """#35 item 5: resample scores each generation round on its own, so scale_rewards: batch would divide each
+    round by its own standard deviation instead of the optimizer batch's; it is refused (group scaling is
+    per group, the same in any round)."""
+    from dna_factory.runner import main
+
+    argv = _argv(live_dead, tmp_path, "--dynamic_sampling", "resample", "--scale_rewards", scale, "--dry_run")
+    code = main("grpo", argv)
+    err = capsys.readouterr().err
+    if scale == "group":
+        assert code == 0, err
+        return
+    assert code == 2 and err.count("\n") == 1, err
+    assert "scale_rewards: batch" in err and "dynamic_sampling: resample" in err and "group" in err, err
+
+
 def test_none_and_label_routed_rewards_flow_end_to_end(live_dead, tmp_path, tiny_model):
     rewards = json.dumps([
         {"factory": "string_match", "extractor": "last_number", "answer_column": "solution", "only_label": "live"},

@@ -25,6 +25,13 @@ def validate_dynamic_sampling(cfg: ResolvedConfig) -> None:
     if cfg.get("dynamic_sampling", "off") != "resample":
         return
     args = cfg.of(GRPOConfig)
+    if {True: "group", False: "none"}.get(args.scale_rewards, args.scale_rewards) == "batch":
+        raise DnaConfigError(
+            "dynamic_sampling: resample scores each generation round on its own, so scale_rewards: batch would "
+            "divide each round's advantages by that round's reward spread, not the optimizer batch's. Use "
+            "scale_rewards: group (TRL's default: each group by its own spread, the same in any round) or none, "
+            "or dynamic_sampling: mask."
+        )
     local = args.per_device_train_batch_size * args.steps_per_generation
     if local % args.num_generations:
         raise DnaConfigError(
