@@ -13,11 +13,19 @@ ranks save the same step.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
+import threading
+import time
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_REPORT_S = float(os.environ.get("DNA_STOP_REPORT_S", "30"))
+"""While a stop takes longer than this, the log says every this many seconds what the process is doing."""
+_PACKAGES = ("dna_factory", "rewards", "trl", "transformers", "accelerate", "torch", "vllm")
 
 
 _requested: list[int] = []  # the signal this process was asked to stop on, once one arrived
@@ -29,5 +37,45 @@ def stop_requested() -> bool:
 
 
 def note_stop_request(signum: int) -> None:
-    """Record that this process was asked to stop on ``signum`` (:class:`~dna_factory.run_callbacks.GracefulStop`)."""
+    """Record that this process was asked to stop on ``signum`` (:class:`~dna_factory.run_callbacks.GracefulStop`),
+    and start reporting what a stop that takes long waits for."""
     _requested.append(signum)
+    if len(_requested) == 1:
+        main = threading.main_thread()
+        threading.Thread(
+            target=_report_slow_stop,
+            args=(signum, main.ident, time.monotonic()),
+            name="stop-report",
+            daemon=True,
+        ).start()
+
+
+def where(thread_id: int | None) -> str:
+    """Where a thread is: its innermost frame, and the innermost one in code of ours or our libraries, if other."""
+    frame = sys._current_frames().get(thread_id) if thread_id is not None else None
+    if frame is None:
+        return "unknown"
+    inner = frame
+    known = None
+    while frame is not None:
+        path = Path(frame.f_code.co_filename)
+        if known is None and any(part in _PACKAGES or part == "tests" for part in path.parts):
+            known = frame
+        frame = frame.f_back
+    text = f"{inner.f_code.co_name} ({Path(inner.f_code.co_filename).name}:{inner.f_lineno})"
+    if known is not None and known is not inner:
+        text += f", called from {known.f_code.co_name} ({known.f_code.co_filename}:{known.f_lineno})"
+    return text
+
+
+def _report_slow_stop(signum: int, thread_id: int | None, started: float) -> None:
+    name = signal.Signals(signum).name
+    while True:
+        time.sleep(STOP_REPORT_S)
+        logger.warning(
+            "%s: still stopping after %.0f s (the step in progress finishes first, then a checkpoint is saved); the "
+            "main thread is in %s.",
+            name,
+            time.monotonic() - started,
+            where(thread_id),
+        )

@@ -17,3 +17,15 @@ def only_live_reward(prompts, completions, label=None, **kwargs) -> list[float |
     """None (does not apply) for rows labelled ``dead``; parity for the others."""
     labels = label or ["live"] * len(completions)
     return [None if lab == "dead" else float(i % 2) for i, lab in enumerate(labels)]
+
+
+def slow_reward(prompts, completions, **kwargs) -> list[float]:
+    """Appends a line to ``$SLOW_REWARD_LOG`` per call, then takes ``$SLOW_REWARD_S`` seconds: a step that is slow
+    to finish (a stop request waits for it)."""
+    import os
+    import time
+
+    with open(os.environ["SLOW_REWARD_LOG"], "a") as log:
+        log.write("called\n")
+    time.sleep(float(os.environ.get("SLOW_REWARD_S", "0")))
+    return [0.0] * len(completions)

@@ -374,3 +374,41 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_naming_the_path_the_need_an
     assert f"{out / 'checkpoint-2'} is the last complete checkpoint" in line, line
     assert re.search(r"a checkpoint takes about [\d.]+ MiB", line) and "free" in line, line
     assert "rerun" in line
+
+
+# --------------------------------------------------------------------------- #35 item 6: a slow stop says why
+
+
+@pytest.mark.slow
+def test_a_stop_that_takes_long_says_what_it_waits_for(tmp_path, tiny_model):
+    """After SIGTERM the step in progress finishes first; while that takes longer than DNA_STOP_REPORT_S (30 s by
+    default; 1 s here) the log says so and where the main thread is: here, a user's reward that takes 6 s."""
+    import sys
+
+    from tests.conftest import cli_env
+
+    calls, log = tmp_path / "calls.txt", tmp_path / "train.log"
+    env = cli_env(SLOW_REWARD_LOG=str(calls), SLOW_REWARD_S="6", DNA_STOP_REPORT_S="1")
+    args = ["grpo.py", "--config", "configs/grpo/tiny-cpu.yaml", "--reward_funcs", "[tests.reward_fixtures:slow_reward]",
+            "--max_steps", "50", "--save_steps", "1000", "--output_dir", str(tmp_path / "run")]  # fmt: skip
+    with log.open("w") as sink:
+        child = subprocess.Popen(
+            [sys.executable, *args], cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while not (
+            calls.is_file() and calls.read_text().count("called") >= 2
+        ):  # the dry-run probe, then step 1
+            assert child.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        child.send_signal(signal.SIGTERM)
+        status = child.wait(timeout=180)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    text = log.read_text(errors="replace")
+    assert status == 128 + signal.SIGTERM, text[-3000:]
+    report = [line for line in text.splitlines() if "still stopping after" in line]
+    assert report and "slow_reward (reward_fixtures.py:" in report[0], text[-3000:]
