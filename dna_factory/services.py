@@ -28,6 +28,25 @@ from dna_factory.errors import DnaConfigError, DnaServiceError
 
 logger = logging.getLogger(__name__)
 
+START_LINES = {
+    "generation": "VLLM_SERVER_DEV_MODE=1 vllm serve {model} --port {port} "
+    '--weight-transfer-config \'{{"backend": "nccl"}}\' --logprobs-mode processed_logprobs --max-logprobs -1',
+    "eval": "VLLM_SERVER_DEV_MODE=1 vllm serve {model} --port {port}",
+    "teacher": "vllm serve {model} --port {port}",
+    "judge": "vllm serve {model} --port {port}",
+}
+"""The one start line of each kind of GPU server, the same in the hints below, the recipe headers and the docs
+(tests/test_services.py checks them): ``generation`` for GRPO's server mode, sync or async (dev mode for
+``/pause``, ``/resume`` and the weight-update endpoints; NCCL weight transfer; the sampled tokens' processed
+logprobs), ``eval`` for checkpoint eval's shared server (dev mode: weights reload in place), ``teacher`` and
+``judge`` plain OpenAI-compatible servers. Sizing flags (``--max-model-len``, ``--dtype``, parallelism) follow."""
+
+
+def start_line(kind: str, model: str, port: int | str) -> str:
+    """The start line of :data:`START_LINES` for ``kind``, with the model and port filled in."""
+    return START_LINES[kind].format(model=model, port=port)
+
+
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 """Answers worth retrying: overload and transient server errors. A 4xx is the request's fault and is not retried."""
 
@@ -162,10 +181,7 @@ def recipe_services(cfg) -> list[ExternalService]:
     model = cfg.get("model_name_or_path")
     if cfg.get("grpo_execution") == "async":
         root = server_root(cfg.get("vllm_server_base_url") or "http://localhost:8000", "vllm_server_base_url")
-        hint = (
-            f"VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model {model} "
-            f"--port {_port(root, '8000')} --max-model-len N; docs/async-grpo.md"
-        )
+        hint = f"{start_line('generation', model, _port(root, '8000'))} --max-model-len N; docs/async-grpo.md"
         services.append(ExternalService("vLLM server", root, hint))
     elif (
         cfg.get("use_vllm") and cfg.get("vllm_mode") == "server"
@@ -175,7 +191,7 @@ def recipe_services(cfg) -> list[ExternalService]:
             url or f"http://{cfg.get('vllm_server_host') or '0.0.0.0'}:{cfg.get('vllm_server_port') or 8000}"
         )
         root = server_root(url, "vllm_server_base_url")
-        hint = f"trl vllm-serve --model {model} --port {_port(root, '8000')} on its own GPUs; docs/grpo.md"
+        hint = f"{start_line('generation', model, _port(root, '8000'))} on its own GPUs; docs/grpo.md"
         services.append(ExternalService("vLLM server", root, hint))
     if any(
         entry == "judge" or (isinstance(entry, dict) and entry.get("factory") == "judge")
@@ -184,24 +200,16 @@ def recipe_services(cfg) -> list[ExternalService]:
         from rewards.generative import DEFAULT_BASE_URL
 
         root = server_root(os.environ.get("JUDGE_BASE_URL") or DEFAULT_BASE_URL, "JUDGE_BASE_URL")
-        hint = (
-            f"python -m vllm.entrypoints.openai.api_server --model JUDGE --port {_port(root, '8001')}, "
-            "or point JUDGE_BASE_URL at it; docs/rewards.md"
-        )
+        hint = f"{start_line('judge', 'JUDGE', _port(root, '8001'))}, or point JUDGE_BASE_URL at it; docs/rewards.md"
         services.append(ExternalService("judge server", root, hint, any_answer=True))
     if cfg.get("distill_mode") == "server_teacher" and cfg.get("teacher_server_url"):
         root = server_root(cfg.get("teacher_server_url"), "teacher_server_url")
-        hint = (
-            f"python -m vllm.entrypoints.openai.api_server --model {cfg.get('teacher_model_name_or_path')} "
-            f"--port {_port(root, '8000')}; docs/distillation.md"
-        )
+        teacher = cfg.get("teacher_model_name_or_path")
+        hint = f"{start_line('teacher', teacher, _port(root, '8000'))}; docs/distillation.md"
         services.append(ExternalService("teacher server", root, hint))
     if cfg.get("eval_on_checkpoint") and cfg.get("eval_server_url"):
         root = server_root(cfg.get("eval_server_url"), "eval_server_url")
-        hint = (
-            f"VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model {model} "
-            f"--port {_port(root, '8000')}; docs/checkpoint-eval.md"
-        )
+        hint = f"{start_line('eval', model, _port(root, '8000'))}; docs/checkpoint-eval.md"
         services.append(ExternalService("eval server", root, hint))
     return services
 

@@ -14,6 +14,7 @@ import threading
 
 import pytest
 
+from dna_factory.services import start_line
 from tests.conftest import run_cli
 
 DOWN = "http://127.0.0.1:9"  # nothing listens on the discard port
@@ -28,7 +29,7 @@ KINDS = {
         ["--config", GRPO, "--use_vllm", "true", "--vllm_mode", "server", "--vllm_server_base_url", DOWN],
         {},
         DOWN,
-        "trl vllm-serve",
+        start_line("generation", "artifacts/tiny/student", 9),
     ),
     "sync vLLM server (host, port)": (
         "grpo.py",
@@ -46,21 +47,21 @@ KINDS = {
         ],  # fmt: skip
         {},
         DOWN,
-        "trl vllm-serve",
+        start_line("generation", "artifacts/tiny/student", 9),
     ),
     "judge": (
         "grpo.py",
         ["--config", GRPO, "--reward_funcs", JUDGE],
         {"JUDGE_BASE_URL": f"{DOWN}/v1"},
         DOWN,
-        "vllm.entrypoints.openai.api_server",
+        start_line("judge", "JUDGE", 9),
     ),  # fmt: skip
     "distillation teacher": (
         "distill.py",
         ["--config", DISTILL, "--distill_mode", "server_teacher", "--teacher_server_url", DOWN],
         {},
         DOWN,
-        "vllm.entrypoints.openai.api_server",
+        start_line("teacher", "artifacts/tiny/teacher", 9),
     ),
 }
 
@@ -121,3 +122,56 @@ def test_a_judge_answering_500_at_start_up_is_one_error_line_naming_the_status(
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: The judge server at {failing_server}") and "HTTP 500" in last, last
     assert "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- #37 item 4: one start line per kind
+
+
+def _start_commands(path) -> list[str]:
+    """Every GPU vLLM server start command in a doc or a recipe's header: continuation lines joined, a recipe's
+    comment marks and the ``CUDA_VISIBLE_DEVICES=...`` prefix and a trailing ``&`` removed (CPU lines, with
+    ``VLLM_CPU_KVCACHE_SPACE``, are the CPU recipes' own)."""
+    import re
+
+    lines = [re.sub(r"^#\s?", "", line).strip() for line in path.read_text().splitlines()]
+    joined, current = [], ""
+    for line in lines:
+        current = f"{current} {line}".strip() if current else line
+        if current.endswith("\\"):
+            current = current[:-1].strip()
+            continue
+        joined.append(current)
+        current = ""
+    found = []
+    for line in joined:
+        command = re.sub(r"\s+&$", "", re.sub(r"^CUDA_VISIBLE_DEVICES=\S+\s+", "", line))
+        starts = re.match(r"(\w+=\S+\s+)*(vllm serve |python -m vllm\.entrypoints)", command)
+        if starts and "VLLM_CPU_KVCACHE_SPACE" not in command:
+            found.append(command)
+    return found
+
+
+def _pattern(kind: str):
+    import re
+
+    from dna_factory.services import START_LINES
+
+    text = re.escape(START_LINES[kind].replace("{{", "{").replace("}}", "}"))
+    text = text.replace(re.escape("{model}"), r"\S+").replace(re.escape("{port}"), r"(\d+|PORT)")
+    return re.compile(text + r"(\s|$)")
+
+
+def test_every_server_start_line_in_the_docs_and_recipes_is_the_one_of_its_kind():
+    """The hints (dna_factory.services.START_LINES), the recipe headers and the docs give one start line per kind
+    of server; GRPO's server mode (sync or async) always with NCCL weight transfer. Sizing flags may follow."""
+    from tests.conftest import REPO
+
+    files = sorted((REPO / "docs").glob("*.md")) + sorted((REPO / "configs").rglob("*.yaml"))
+    checked = 0
+    for path in files:
+        for command in _start_commands(path):
+            checked += 1
+            grpo = path.parent.name == "grpo" or path.name in ("grpo.md", "async-grpo.md")
+            kinds = ["generation"] if grpo else ["generation", "eval", "teacher", "judge"]
+            assert any(_pattern(kind).match(command) for kind in kinds), (path.name, command)
+    assert checked >= 10, checked

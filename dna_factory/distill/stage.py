@@ -38,7 +38,7 @@ from dna_factory.distill.tokenizer_alignment import (
 )
 from dna_factory.distill.trainers import LocalTeacherDistillationTrainer, SampledTokenOPDTrainer
 from dna_factory.errors import DnaConfigError
-from dna_factory.services import probe_services, server_root, wait_for_services
+from dna_factory.services import probe_services, server_root, start_line, wait_for_services
 from dna_factory.stages.base import Stage, StageContext
 
 logger = logging.getLogger(__name__)
@@ -134,8 +134,8 @@ def validate_mode(cfg: ResolvedConfig) -> None:
         if not url:
             raise DnaConfigError(
                 "distill_mode: server_teacher needs teacher_server_url, the teacher's vLLM server "
-                "(e.g. http://127.0.0.1:8000). Start one with python -m vllm.entrypoints.openai.api_server "
-                "--model TEACHER --port 8000, or use distill_mode: local_teacher."
+                f"(e.g. http://127.0.0.1:8000). Start one with {start_line('teacher', 'TEACHER', 8000)}, or use "
+                "distill_mode: local_teacher."
             )
         server_root(url, "teacher_server_url")
         beta = cfg.get("beta", 1.0)

@@ -34,7 +34,7 @@ import requests
 
 from dna_factory.distill.tokenizer_alignment import check_tokenizers
 from dna_factory.errors import DnaConfigError, DnaServiceError
-from dna_factory.services import RETRY_STATUSES, bound_session, server_root, wait_for_health
+from dna_factory.services import RETRY_STATUSES, bound_session, server_root, start_line, wait_for_health
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class TeacherServer:
             self.url,
             "teacher server",
             timeout_s,
-            "python -m vllm.entrypoints.openai.api_server --model TEACHER --port PORT",
+            start_line("teacher", "TEACHER", "PORT"),
             "teacher_server_timeout",
         )
         bounds = (request_timeout_s, retries, backoff_s, max(10, max_concurrent_requests))
