@@ -37,6 +37,7 @@ TIERS: dict[str, str] = {
     "tests/test_checkpoint_eval.py": MIXED,
     "tests/test_cli_errors.py": FAST,
     "tests/test_config.py": FAST,
+    "tests/test_gpu_pins.py": FAST,
     "tests/test_data.py": FAST,
     "tests/test_doctests.py": FAST,
     "tests/test_data_columns.py": FAST,
