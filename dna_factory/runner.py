@@ -273,7 +273,9 @@ def train(stage: Stage, cfg: ResolvedConfig, started: float | None = None) -> di
         write_atomic(Path(output_dir) / LOG_HISTORY, json.dumps(state.log_history, default=str) + "\n")
         write_atomic(Path(output_dir) / RUN_SUMMARY, json.dumps(summary, indent=2, default=str) + "\n")
         logger.info("Saved the final model to %s (global step %d).", output_dir, state.global_step)
-    trainer.end()  # transformers 5: finish the trackers, destroy the process group (every rank)
+    # finish the trackers, destroy the process group (every rank): transformers 5.19's Trainer.end(), which
+    # 5.17 (the release vLLM 0.31 accepts) does not have
+    trainer.accelerator.end_training()
     return summary
 
 
