@@ -23,6 +23,8 @@ NOT_HERE = {
     "-m vllm.": "starts vLLM itself (a server on a GPU), not one of our commands",
     "scripts/plot_run.py outputs/": "plots the folder of a run the page trains first",
     "my-": "a file the reader writes (my-filter.yaml)",
+    "scripts/gpu_smoke.py": "needs a GPU (its --cpu mode runs in the slow tier: tests/test_rehearsal.py)",
+    "scripts/check_gpu_install.py": "asks PyPI (tests/test_gpu_pins.py checks its record offline)",
 }
 
 
