@@ -23,12 +23,23 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-STOP_REPORT_S = float(os.environ.get("DNA_STOP_REPORT_S", "30"))
-"""While a stop takes longer than this, the log says every this many seconds what the process is doing."""
+
+
+def _report_interval() -> float:
+    try:
+        value = float(os.environ.get("DNA_STOP_REPORT_S", "30"))
+    except ValueError:
+        return 30.0
+    return value if value > 0 else 0.0
+
+
+STOP_REPORT_S = _report_interval()
+"""While a stop takes longer than this, the log says every this many seconds what the process is doing
+(``DNA_STOP_REPORT_S``; 0 turns the report off)."""
 _PACKAGES = ("dna_factory", "rewards", "trl", "transformers", "accelerate", "torch", "vllm")
 
 
-_requested: list[int] = []  # the signal this process was asked to stop on, once one arrived
+_requested: list[tuple[int, float]] = []  # (signal, monotonic time) of each stop request this process got
 
 
 def stop_requested() -> bool:
@@ -37,17 +48,22 @@ def stop_requested() -> bool:
 
 
 def note_stop_request(signum: int) -> None:
-    """Record that this process was asked to stop on ``signum`` (:class:`~dna_factory.run_callbacks.GracefulStop`),
-    and start reporting what a stop that takes long waits for."""
-    _requested.append(signum)
-    if len(_requested) == 1:
-        main = threading.main_thread()
-        threading.Thread(
-            target=_report_slow_stop,
-            args=(signum, main.ident, time.monotonic()),
-            name="stop-report",
-            daemon=True,
-        ).start()
+    """Record that this process was asked to stop on ``signum`` (:class:`~dna_factory.run_callbacks.GracefulStop`);
+    the reporter thread (:func:`start_stop_reporter`) says what a stop that takes long waits for."""
+    _requested.append((signum, time.monotonic()))
+
+
+def start_stop_reporter() -> None:
+    """Start (once, outside any signal handler) the thread that reports a stop taking longer than STOP_REPORT_S."""
+    global _reporter
+    if _reporter is None and STOP_REPORT_S > 0:
+        _reporter = threading.Thread(
+            target=_report_slow_stop, args=(threading.main_thread().ident,), name="stop-report", daemon=True
+        )
+        _reporter.start()
+
+
+_reporter: threading.Thread | None = None
 
 
 def where(thread_id: int | None) -> str:
@@ -68,14 +84,21 @@ def where(thread_id: int | None) -> str:
     return text
 
 
-def _report_slow_stop(signum: int, thread_id: int | None, started: float) -> None:
-    name = signal.Signals(signum).name
+def _report_slow_stop(thread_id: int | None) -> None:
+    reported = 0.0
     while True:
-        time.sleep(STOP_REPORT_S)
+        time.sleep(min(1.0, STOP_REPORT_S))
+        if not _requested:
+            continue
+        signum, started = _requested[0]
+        waited = time.monotonic() - started
+        if waited - reported < STOP_REPORT_S:
+            continue
+        reported = waited
         logger.warning(
             "%s: still stopping after %.0f s (the step in progress finishes first, then a checkpoint is saved); the "
             "main thread is in %s.",
-            name,
-            time.monotonic() - started,
+            signal.Signals(signum).name,
+            waited,
             where(thread_id),
         )

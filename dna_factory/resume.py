@@ -314,6 +314,7 @@ def write_fingerprint(path: Path, record: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- a full disk (#35 item 6)
 
 _NO_SPACE = ("No space left on device", "StorageFull", "Disk quota exceeded")
+_SHORT_WRITE = ("unexpected pos", "PytorchStreamWriter failed", "file write failed")
 
 
 def _mib(size: float) -> str:
@@ -335,46 +336,49 @@ def _chain(exc: BaseException) -> list[BaseException]:
 def disk_full_message(exc: BaseException, output_dir: str | Path | None) -> str | None:
     """One line for a write into ``output_dir`` that failed on a full disk; None when ``exc`` is something else.
 
-    A full disk reaches us as ``OSError(ENOSPC)``, as safetensors' ``StorageFull``, or as torch's zip
-    writer's short write ("unexpected pos"), which says nothing of the cause: that one counts as a full disk
-    only when less room is left than the last checkpoint took. The line names the file system's free space,
-    the checkpoint that was being written (incomplete, skipped on resume), the size of a checkpoint, and the
-    last complete one, which a rerun resumes from.
+    A full disk reaches us as ``OSError(ENOSPC)`` (counted only when the failing file, if named, is in
+    ``output_dir``: a full ``/dev/shm`` is another story), as safetensors' ``StorageFull``, or as torch's zip
+    writer's short write ("unexpected pos", "PytorchStreamWriter failed"), which says nothing of the cause: that
+    one counts only while a checkpoint newer than the last complete one is half-written and less room is left than
+    the last checkpoint took. The line names the free space, the checkpoint being written (incomplete, skipped on
+    resume), the size of a checkpoint, and the last complete one, which a rerun resumes from.
     """
     if output_dir is None:
         return None
-    out = Path(output_dir)
     try:
-        usage = shutil.disk_usage(out if out.exists() else out.parent)
-    except OSError:
+        return _disk_full_message(exc, Path(output_dir))
+    except OSError:  # a checkpoint rotated away while we looked: no diagnosis, the original error stands
         return None
+
+
+def _disk_full_message(exc: BaseException, out: Path) -> str | None:
+    usage = shutil.disk_usage(out if out.exists() else out.parent)
     chain = _chain(exc)
-    no_space = any(
-        (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT))
-        or any(s in str(e) for s in _NO_SPACE)
-        for e in chain
-    )
+    no_space = False
+    for e in chain:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            filename = getattr(e, "filename", None)
+            no_space = no_space or filename is None or out.resolve() in Path(filename).resolve().parents
+        elif not isinstance(e, OSError) and any(text in str(e) for text in _NO_SPACE):
+            no_space = True
     complete = next((c for c in checkpoints(out) if is_complete(c)), None)
+    done = int(complete.name.split("-")[1]) if complete is not None else -1
+    newer = [c for c in checkpoints(out) if int(c.name.split("-")[1]) > done]
     size = _tree_size(complete) if complete is not None else None
-    if not no_space and not (isinstance(exc, RuntimeError) and size is not None and usage.free < size):
+    short_write = any(
+        isinstance(e, RuntimeError) and any(text in str(e) for text in _SHORT_WRITE) for e in chain
+    )
+    if not no_space and not (short_write and newer and size is not None and usage.free < size):
         return None
-    newer = [
-        c
-        for c in checkpoints(out)
-        if complete is None or int(c.name.split("-")[1]) > int(complete.name.split("-")[1])
-    ]
     writing = (
         f" while writing {newer[0]}, which is incomplete and skipped on resume (delete it)" if newer else ""
     )
-    need = (
-        f"a checkpoint takes about {_mib(size)} MiB"
-        if size is not None
-        else (
-            f"a checkpoint takes more than {_mib(_tree_size(newer[0]))} MiB"
-            if newer
-            else "a checkpoint needs more"
-        )
-    )
+    if size is not None:
+        need = f"a checkpoint takes about {_mib(size)} MiB"
+    elif newer:
+        need = f"a checkpoint takes more than {_mib(_tree_size(newer[0]))} MiB"
+    else:
+        need = "a checkpoint needs more"
     kept = (
         f"{complete} is the last complete checkpoint, and a rerun resumes from it"
         if complete is not None

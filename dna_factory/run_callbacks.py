@@ -17,7 +17,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from dna_factory.errors import Interrupted
-from dna_factory.interrupt import SIGNALS, note_stop_request
+from dna_factory.interrupt import SIGNALS, note_stop_request, start_stop_reporter
 from dna_factory.resume import FINGERPRINT_NAME, follow_umask, write_fingerprint
 
 logger = logging.getLogger("dna_factory.interrupt")
@@ -32,6 +32,7 @@ class GracefulStop(TrainerCallback):
 
     def install(self) -> None:
         self._pid = os.getpid()  # dataloader workers fork with this handler; only this process acts on it
+        start_stop_reporter()
         for signum in SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
 

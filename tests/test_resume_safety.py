@@ -412,3 +412,22 @@ def test_a_stop_that_takes_long_says_what_it_waits_for(tmp_path, tiny_model):
     assert status == 128 + signal.SIGTERM, text[-3000:]
     report = [line for line in text.splitlines() if "still stopping after" in line]
     assert report and "slow_reward (reward_fixtures.py:" in report[0], text[-3000:]
+
+
+def test_only_a_full_disk_under_the_output_dir_reads_as_one(finished_run):
+    """An out-of-memory error, or a full /dev/shm (DataLoader workers), is not blamed on the output dir's disk."""
+    import errno
+
+    from dna_factory.resume import disk_full_message
+
+    assert (
+        disk_full_message(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), finished_run)
+        is None
+    )
+    shm = OSError(errno.ENOSPC, "No space left on device", "/dev/shm/torch_123")
+    assert disk_full_message(shm, finished_run) is None
+    own = OSError(
+        errno.ENOSPC, "No space left on device", str(finished_run / "checkpoint-4" / "optimizer.pt")
+    )
+    line = disk_full_message(own, finished_run)
+    assert line and f"{finished_run / 'checkpoint-2'} is the last complete checkpoint" in line, line

@@ -151,7 +151,7 @@ USER_REWARDS = {
     "short": "def score(prompts, completions, **kw):\n    return [1.0]\n",
     "strings": "def score(prompts, completions, **kw):\n    return ['good' for _ in completions]\n",
     "not_a_list": "def score(prompts, completions, **kw):\n    return 1.0\n",
-    "async_raises": "async def score(prompts, completions, **kw):\n    raise RuntimeError('judge down')\n",
+    "tensor": "import torch\ndef score(prompts, completions, **kw):\n    return torch.tensor(1.0)\n",
 }
 FOUND = {
     "raises": ["Your reward score raised ValueError: could not convert string to float", "row 0 of dataset arith",
@@ -159,7 +159,7 @@ FOUND = {
     "short": ["Your reward score returned 1 values for 4 completions"],
     "strings": ["Your reward score returned 'good' (str) for row 0 of dataset arith"],
     "not_a_list": ["Your reward score returned float 1.0"],
-    "async_raises": ["Your reward score raised RuntimeError: judge down"],
+    "tensor": ["Your reward score returned Tensor tensor(1.)"],
 }  # fmt: skip
 
 
@@ -176,6 +176,26 @@ def test_a_users_reward_that_misbehaves_is_one_error_line_under_dry_run(
     assert err.startswith("error: ") and err.count("\n") == 1, err
     for part in FOUND[case]:
         assert part in err, (part, err)
+
+
+def test_a_users_reward_sees_a_string_prompt_as_the_chat_the_trainer_makes(tmp_path, write_yaml, tiny_model):
+    """A plain-string prompt becomes a user turn with a chat model (prompt_format: auto), so the completion the
+    reward gets is a message list too; an async reward (a service the run has not waited for yet) and a generator
+    of values are not refused."""
+    data = tmp_path / "plain.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": f"What is {i} + 1?", "solution": str(i + 1)}) + "\n" for i in range(3))
+    )
+    (tmp_path / "user_reward_chat.py").write_text(
+        "def score(prompts, completions, **kw):\n"
+        "    assert prompts[0][-1]['content'].startswith('What is'), prompts[0]\n"
+        "    return (1.0 if c[0]['content'] else 0.0 for c in completions)\n"
+        "async def judged(prompts, completions, **kw):\n"
+        "    raise ConnectionError('the judge is not up yet')\n"
+    )  # fmt: skip
+    datasets = [{"path": str(data), "label": "plain"}]
+    rewards = ["user_reward_chat:score", "user_reward_chat:judged"]
+    assert _dry_run(tmp_path, write_yaml, tiny_model, rewards, datasets=datasets) == 0
 
 
 def test_a_users_reward_gets_the_rows_columns_and_passes_the_dry_run(tmp_path, write_yaml, tiny_model):

@@ -133,7 +133,7 @@ class FileWeightTransfer:
             embed = next((v for k, v in state.items() if k.endswith("embed_tokens.weight")), None)
             if embed is not None:
                 state["lm_head.weight"] = embed.clone()
-        with atomic_path(self.weights_dir / "model.safetensors") as tmp:
+        with atomic_path(self.weights_dir / "model.safetensors", fsync=False) as tmp:  # vLLM reads it next
             save_file(state, str(tmp))
         reload_weights(self.server_url, self.weights_dir, self.timeout_s)
         self.syncs += 1

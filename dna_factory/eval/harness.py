@@ -237,9 +237,9 @@ def skip_unused_imports(tasks: Sequence[EvalTask]) -> None:
     from inspect_ai._util import entrypoints
     from inspect_ai.model import _assistant_internal
 
-    _assistant_internal._HAS_ANTHROPIC = False
     if any(task.from_registry for task in tasks):
-        return
+        return  # a registry task may grade with another provider
+    _assistant_internal._HAS_ANTHROPIC = False
     for point in entry_points(group="inspect_ai"):
         if point.value.split(".")[0] != "inspect_evals":
             try:

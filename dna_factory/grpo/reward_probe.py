@@ -10,21 +10,23 @@ instead of a traceback after the model has loaded.
 
 The probe completion is :data:`PROBE_COMPLETION` (a short plain answer): a reward must score any text
 the policy writes. Rewards of this project and TRL's are not called here; their own checks cover them.
-Nor are an agent recipe's rewards: they read the episode's live environments.
+Nor are an agent recipe's rewards (they read the episode's live environments), nor ``async`` rewards (they
+usually talk to a service, which a run waits for only after these checks).
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import numbers
+import os
 import traceback
 from typing import Any
 
-from dna_factory.data import parse_specs
+from dna_factory.data import SOURCE_LABEL, parse_specs
 from dna_factory.data_files import peek_rows
 from dna_factory.errors import DnaConfigError
+from dna_factory.prompts import PromptRule, render_prompt_template, resolve_prompt_format
 from rewards.registry import resolve_rewards, reward_name
 
 logger = logging.getLogger(__name__)
@@ -42,26 +44,44 @@ def _is_users(func: Any) -> bool:
 
 
 def _probe_rows(cfg: Any) -> list[tuple[str, int, dict]]:
-    """``(dataset label, row index, row with the mixture's column names)`` of the first rows of local datasets."""
+    """``(dataset label, row index, row as the trainer passes it)`` of the first rows of local datasets: only the
+    ``columns:`` a dataset keeps, renamed; its own ``label`` as ``source_label``; the prompt in the run's format
+    (a string prompt becomes a user turn under ``prompt_format: auto`` with a chat model) and template."""
     try:
         specs = parse_specs(cfg.get("datasets"))
     except DnaConfigError:
         return []  # the dataset validator reports it
+    try:
+        chat = (
+            resolve_prompt_format(cfg.get("prompt_format") or "auto", cfg.get("model_name_or_path")) == "chat"
+        )
+    except DnaConfigError:
+        return []  # the prompt validator reports it
+    rule = PromptRule(chat, cfg.get("system_prompt"))
     found = []
     for spec in specs:
-        rows = peek_rows(spec, PROBE_ROWS) if spec.is_local else None
-        renamed = dict(spec.columns or ())
-        for index, row in enumerate(rows or []):
-            if not isinstance(row, dict):
+        rows = peek_rows(spec, PROBE_ROWS) if spec.is_local and spec.weight > 0 else None
+        for index, raw in enumerate(rows or []):
+            if not isinstance(raw, dict):
                 continue
-            row = {renamed.get(key, key): value for key, value in row.items()}
-            if row.get("prompt") is not None:
-                found.append((spec.label, index, {**row, "label": spec.label}))
+            if spec.columns is not None:
+                raw = {new: raw.get(source) for source, new in spec.columns}
+            row = {(SOURCE_LABEL if key == "label" else key): value for key, value in raw.items()}
+            if row.get("prompt") is None:
+                continue
+            if spec.prompt_template:
+                try:
+                    row["prompt"] = render_prompt_template(spec.prompt_template, row)
+                except ValueError:
+                    continue  # the template validator reports it
+            convert = {"prompt"} if isinstance(row["prompt"], str) and chat else set()
+            row = rule.row(row, convert, {"prompt"} if isinstance(row["prompt"], list) else set())
+            found.append((spec.label, index, {**row, "label": spec.label}))
     return found[:MAX_PROBE_ROWS]
 
 
 def _completion(prompt: Any) -> Any:
-    """The probe completion in the prompt's format: a message list for a chat prompt, else text."""
+    """The probe completion in the prompt's format: a message list for a chat prompt, else text (as TRL does)."""
     if isinstance(prompt, list):
         return [{"role": "assistant", "content": PROBE_COMPLETION}]
     return PROBE_COMPLETION
@@ -73,16 +93,19 @@ def _where(exc: BaseException) -> str:
 
 
 def probe_user_rewards(cfg: Any) -> None:
-    """Call each of the user's own rewards on the probe rows; one error line for the first misbehaviour.
+    """Call each of the user's own synchronous rewards on the probe rows; one error line for the first misbehaviour.
+
+    An ``async`` reward is not called: it usually talks to a service that a run waits for only after these
+    checks, and its event loop is the trainer's. Only the main process probes.
 
     Raises:
         DnaConfigError: naming the reward, the dataset and row, and what it did.
     """
-    if cfg.get("environment"):
+    if cfg.get("environment") or int(os.environ.get("RANK", "0")) != 0:
         return  # an agent's rewards read its live environments (TRL's ``environments``), which need a model
     entries = cfg.get("reward_funcs") or []
     funcs, _ = resolve_rewards(entries)
-    users = [func for func in funcs if _is_users(func)]
+    users = [func for func in funcs if _is_users(func) and not _is_async(func)]
     rows = _probe_rows(cfg) if users else []
     if not rows:
         return
@@ -105,8 +128,11 @@ def probe_user_rewards(cfg: Any) -> None:
                 log_metric=lambda *args, **kw: None,
                 **kwargs,
             )
-            if inspect.isawaitable(result):
-                result = asyncio.run(result)
+        except (ConnectionError, TimeoutError) as exc:
+            logger.warning(
+                "Your reward %s could not reach a service (%s); not checked before the run.", name, exc
+            )
+            continue
         except Exception as exc:  # noqa: BLE001 - the user's code: any exception is the finding
             label, index, _ = rows[0]
             raise DnaConfigError(
@@ -117,12 +143,23 @@ def probe_user_rewards(cfg: Any) -> None:
         _check_values(name, result, rows)
 
 
+def _is_async(func: Any) -> bool:
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
+
+
 def _check_values(name: str, result: Any, rows: list[tuple[str, int, dict]]) -> None:
-    if isinstance(result, str | bytes | dict) or not hasattr(result, "__len__"):
+    values = None
+    if not isinstance(result, str | bytes | dict):
+        try:
+            values = list(result)  # any iterable, as TRL takes it
+        except TypeError:  # not iterable: a float, a 0-d tensor
+            values = None
+    if values is None:
         raise DnaConfigError(
             f"Your reward {name} returned {type(result).__name__} {_short(result)}; a reward returns a list with "
             f"one float (or None) per completion ({len(rows)} here)."
         )
+    result = values
     if len(result) != len(rows):
         raise DnaConfigError(
             f"Your reward {name} returned {len(result)} values for {len(rows)} completions; a reward returns one "
