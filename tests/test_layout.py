@@ -242,3 +242,21 @@ def test_the_sync_grpo_wing_does_not_import_its_async_variant():
         for path in sorted((REPO / "dna_factory" / "grpo").rglob("*.py"))
     }
     assert {path: modules for path, modules in found.items() if modules} == {}
+
+
+def test_the_readme_names_every_bench_script():
+    """#39: README's bench/ row lists every benchmark script."""
+    readme = (REPO / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `bench/` |"))
+    missing = [p.name for p in sorted((REPO / "bench").glob("*.py")) if f"`{p.name}`" not in row]
+    assert missing == [], missing
+
+
+def test_the_stage_docs_do_not_call_a_variant_a_stage():
+    """#39: async GRPO is a variant of the grpo stage (stages.VARIANTS), not one of the registry's stages."""
+    from dna_factory.stages import STAGE_MODULES, VARIANTS
+
+    text = (REPO / "docs" / "stages.md").read_text()
+    wings = re.findall(r"a wing whose `stage.py` declares it\s*\(([^)]*)\)", text)
+    assert wings and "async_grpo" not in wings[0], wings
+    assert "async_grpo" not in " ".join(STAGE_MODULES.values()) and "grpo" in VARIANTS
