@@ -73,13 +73,22 @@ def _compute(method: str, tokens: int, vocab: int, hidden: int, device: str) -> 
     from trl.trainer.distillation_trainer import _chunked_divergence_loss
     from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
 
+    from dna_factory.distill.fused_loss import fused_divergence_loss, fused_sampled_token_loss
     from dna_factory.distill.trainers import importance_sampling_loss, sampled_token_advantages
 
     h_s, h_t, w_s, w_t, targets, teacher_logps = _inputs(tokens, vocab, hidden, device)
     _reset_peak(device)
     baseline = _current(device)
     started = time.perf_counter()
-    if method == "local_teacher/project":
+    if method == "local_teacher/fused":
+        mask = torch.ones(1, tokens, device=device)
+        loss, _, _ = fused_divergence_loss(h_s[None], h_t[None], _Head(w_s), _Head(w_t), mask, beta=1.0)
+    elif method == "server_teacher/fused":
+        mask = torch.ones(1, tokens, device=device)
+        loss, _ = fused_sampled_token_loss(
+            h_s[None], _Head(w_s), targets[None], teacher_logps[None], mask, tokens, 1.0
+        )
+    elif method == "local_teacher/project":
         mask = torch.ones(1, tokens, device=device)
         loss, _, _ = _chunked_divergence_loss(h_s[None], h_t[None], w_s, w_t, mask, beta=1.0)
     elif method == "local_teacher/naive":
@@ -105,6 +114,13 @@ def _compute(method: str, tokens: int, vocab: int, hidden: int, device: str) -> 
     seconds = time.perf_counter() - started
     print(json.dumps({"value": loss.item(), "seconds": seconds, "peak_bytes": _peak(device) - baseline}))
     return loss.item()
+
+
+class _Head:
+    """A frozen ``lm_head`` (weight, no bias), as the fused losses take it."""
+
+    def __init__(self, weight):
+        self.weight, self.bias = weight, None
 
 
 def _reset_peak(device: str) -> None:

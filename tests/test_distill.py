@@ -300,6 +300,58 @@ def test_sampled_token_loss_and_gradient_match_full_logits(tmp_path, tiny_model)
     assert trainer._kl_moments[2].item() == mask.sum().item()  # the step's reverse-KL moments were recorded
 
 
+def _loss_and_grads(trainer, inputs):
+    model = trainer.model
+    model.zero_grad()
+    loss = trainer.compute_loss(model, inputs)
+    loss.backward()
+    return loss, {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("mode", ["local_teacher", "server_teacher"])
+def test_the_stage_trains_the_fused_loss_by_default_and_it_equals_trls_kernels(
+    mode, tmp_path, tiny_model, tiny_teacher
+):
+    """distill.py's trainers use dna_factory/distill/fused_loss.py unless fused_loss: false; same loss and LoRA grads."""
+    flags = (
+        ["--distill_mode", mode, "--teacher_server_url", "http://127.0.0.1:9"]
+        if mode == "server_teacher"
+        else []
+    )
+    stage, _, ctx = _build(tmp_path, *flags)
+    if mode == "local_teacher":
+        trainer = stage.build_trainer(ctx)
+    else:
+        trainer = opd.SampledTokenOPDTrainer(
+            teacher=None, kl_coef=0.7, model=ctx.model_args.model_name_or_path, args=ctx.training_args,
+            train_dataset=ctx.train_dataset, processing_class=ctx.tokenizer, peft_config=ctx.peft_config,
+        )  # fmt: skip
+    assert trainer.fused_loss is True
+    trainer.model.train()
+    for name, param in trainer.model.named_parameters():  # LoRA's B starts at 0; give both factors a gradient
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.05)
+    inputs = _batch(ctx.tokenizer, seed=5)
+    mask = inputs["completion_mask"]
+    inputs["teacher_logps"] = -torch.rand(mask.shape, generator=torch.Generator().manual_seed(6)) * 8 * mask
+    fused, fused_grads = _loss_and_grads(trainer, inputs)
+    assert type(fused.grad_fn).__name__.startswith(
+        "FusedDivergenceFunction" if mode == "local_teacher" else "FusedSampled"
+    )
+    trainer.fused_loss = False
+    trl, trl_grads = _loss_and_grads(trainer, inputs)
+    assert "Fused" not in type(trl.grad_fn).__name__
+    assert fused.item() == pytest.approx(trl.item(), abs=1e-6)
+    assert fused_grads and all(
+        torch.allclose(fused_grads[n], trl_grads[n], rtol=1e-4, atol=1e-7) for n in fused_grads
+    )
+
+
+def test_fused_loss_false_reaches_the_trainer(tmp_path, tiny_model, tiny_teacher):
+    stage, _, ctx = _build(tmp_path, "--fused_loss", "false")
+    assert stage.build_trainer(ctx).fused_loss is False
+
+
 # --------------------------------------------------------------------------- config-time guards
 
 

@@ -45,6 +45,7 @@ TIERS: dict[str, str] = {
     "tests/test_distill.py": MIXED,
     "tests/test_distill_alignment.py": FAST,
     "tests/test_distill_families.py": FAST,
+    "tests/test_distill_fused.py": FAST,
     "tests/test_distributed.py": SLOW,
     "tests/test_dynamic_sampling.py": MIXED,
     "tests/test_filter_tasks.py": MIXED,

@@ -103,6 +103,15 @@ class DistillStageArguments:
             "biased. A warning names the settings at every start."
         },
     )
+    fused_loss: bool = field(
+        default=True,
+        metadata={
+            "help": "Train the fused loss, which forms each token chunk's gradient in the forward pass: one "
+            "vocabulary projection per model instead of TRL's two to four, at the memory of one chunk "
+            "(dna_factory/distill/fused_loss.py, same values and gradients). false: TRL's chunked kernels. A "
+            "sharded lm_head that trains (FSDP2, ZeRO-3) and vision-language inputs always use TRL's."
+        },
+    )
     peft_type: str = field(
         default="lora",
         metadata={
@@ -382,7 +391,9 @@ def build_trainer(ctx: StageContext):
                 for k, v in (args.model_init_kwargs or {}).items()
                 if k in ("dtype", "attn_implementation")
             }
-        return LocalTeacherDistillationTrainer(teacher_model=teacher_path, **common)
+        return LocalTeacherDistillationTrainer(
+            teacher_model=teacher_path, fused_loss=stage_args.fused_loss, **common
+        )
 
     teacher = TeacherServer(
         stage_args.teacher_server_url,
@@ -393,7 +404,9 @@ def build_trainer(ctx: StageContext):
         retries=stage_args.teacher_retries,
     )
     teacher.check_alignment(ctx.tokenizer)  # the served tokenizer (/tokenize) is the one that matters
-    return SampledTokenOPDTrainer(teacher=teacher, kl_coef=stage_args.opd_kl_coef, **common)
+    return SampledTokenOPDTrainer(
+        teacher=teacher, kl_coef=stage_args.opd_kl_coef, fused_loss=stage_args.fused_loss, **common
+    )
 
 
 STAGE = Stage(

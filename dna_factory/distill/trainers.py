@@ -56,9 +56,17 @@ import time
 
 import torch
 from accelerate.utils import extract_model_from_parallel, is_peft_model
+from torch.distributed.tensor import DTensor
 from transformers import TrainerCallback
 from trl import DistillationTrainer
-from trl.trainer.utils import add_fused_lm_head
+from trl.trainer.utils import add_fused_lm_head, maybe_gather_lm_head_ctx
+
+from dna_factory.distill.fused_loss import (
+    fused_divergence_loss,
+    fused_loss_applies,
+    fused_sampled_token_loss,
+    logit_transform,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -190,8 +198,77 @@ class _CompletionThroughputMixin:
         self._step_completion_tokens = 0
 
 
+MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "spatial_shapes", "image_sizes",
+                   "token_type_ids", "mm_token_type_ids", "image_position_ids")  # fmt: skip
+"""Inputs TRL's ``_compute_loss`` forwards to a vision-language backbone; with any of them, TRL's own loss runs."""
+
+
+def _full(tensor):
+    """A frozen FSDP2-sharded head gathered once (as TRL does), else the tensor itself."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+class _HeadView:
+    """``weight`` and ``bias`` of an ``lm_head`` as the fused losses take them (FSDP2 shards gathered)."""
+
+    def __init__(self, head):
+        self.weight, self.bias = _full(head.weight), None if head.bias is None else _full(head.bias)
+
+
 class LocalTeacherDistillationTrainer(_CompletionThroughputMixin, DistillationTrainer):
-    """TRL's DistillationTrainer (local teacher, generalized JSD selected by ``beta``) plus throughput metrics."""
+    """TRL's DistillationTrainer (local teacher, generalized JSD selected by ``beta``) plus throughput metrics.
+
+    With ``fused_loss`` (the default) the divergence is :func:`~dna_factory.distill.fused_loss.fused_divergence_loss`:
+    TRL's loss, its scaling and masking, with the gradient formed in the forward. TRL's own chunked kernel runs
+    for vision-language inputs, for a sharded head that trains (FSDP2, ZeRO-3), or with ``fused_loss: false``.
+    """
+
+    def __init__(self, *args, fused_loss: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fused_loss = fused_loss
+
+    def _compute_loss(self, unwrapped_student, inputs, num_items_in_batch):
+        student_head = unwrapped_student.get_output_embeddings()
+        if (
+            not self.fused_loss
+            or any(key in inputs for key in MULTIMODAL_KEYS)
+            or not fused_loss_applies(student_head.weight, student_head.bias)
+        ):
+            return super()._compute_loss(unwrapped_student, inputs, num_items_in_batch)
+        # As TRL's _compute_loss: both backbones on the completion positions (the teacher's through its own
+        # wrapper, so FSDP/DeepSpeed materialise it), tool outputs masked out of the loss.
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        loss_mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            loss_mask = loss_mask * inputs["tool_mask"]
+        keep = inputs["completion_ids"].size(1)
+        student_hidden = self._get_last_hidden_state(unwrapped_student, input_ids, attention_mask, keep)
+        self.teacher_model.eval()
+        unwrapped_teacher = self.accelerator.unwrap_model(self.teacher_model)
+        with torch.no_grad():
+            teacher_hidden = self._forward_redirection(
+                self.teacher_model, unwrapped_teacher, self._get_last_hidden_state, unwrapped_teacher,
+                input_ids, attention_mask, keep,
+            )  # fmt: skip
+        teacher_head = unwrapped_teacher.get_output_embeddings()
+        device = student_head.weight.device
+        if teacher_head.weight.device != device:
+            raise ValueError(
+                f"The student lm_head is on {device} but the teacher lm_head is on {teacher_head.weight.device}. "
+                "Place both on the same device in their device_map."
+            )
+        with maybe_gather_lm_head_ctx(
+            student_head.weight, student_head.bias, teacher_head.weight, teacher_head.bias
+        ):
+            loss, entropy_sum, n_valid = fused_divergence_loss(
+                student_hidden.to(device), teacher_hidden.to(device), _HeadView(student_head),
+                _HeadView(teacher_head), loss_mask.to(device), self.beta, num_items_in_batch,
+                student_transform=logit_transform(unwrapped_student.config),
+                teacher_transform=logit_transform(unwrapped_teacher.config),
+                temperature=self.temperature,
+            )  # fmt: skip
+        return loss, entropy_sum.detach(), n_valid
 
 
 class SampledTokenOPDTrainer(_CompletionThroughputMixin, DistillationTrainer):
@@ -205,10 +282,11 @@ class SampledTokenOPDTrainer(_CompletionThroughputMixin, DistillationTrainer):
 
     _tag_names = ["trl", "distillation", "dna-factory-opd"]
 
-    def __init__(self, *args, teacher, kl_coef: float = 1.0, **kwargs):
+    def __init__(self, *args, teacher, kl_coef: float = 1.0, fused_loss: bool = True, **kwargs):
         super().__init__(*args, teacher_model=None, **kwargs)
         self.teacher = teacher
         self.kl_coef = kl_coef
+        self.fused_loss = fused_loss
         self._kl_moments = torch.zeros(3, dtype=torch.float64)  # Σ d_t, Σ d_t², token count of the step
         use_fused_lm_head(self.model)
 
@@ -240,15 +318,38 @@ class SampledTokenOPDTrainer(_CompletionThroughputMixin, DistillationTrainer):
             num_items = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
         else:
             num_items = mask.sum().clamp(min=1.0)
-        logps = completion_logprobs(model, inputs)
-        old_logps = logps.detach()
-        teacher_logps = inputs["teacher_logps"].to(logps.device)
-        d, advantages = sampled_token_advantages(old_logps, teacher_logps, self.kl_coef)
-        loss = importance_sampling_loss(logps, old_logps, advantages, mask.to(logps.device), num_items)
+        unwrapped = self.accelerator.unwrap_model(model)
+        head = unwrapped.get_output_embeddings()
+        if self.fused_loss and fused_loss_applies(head.weight, head.bias):
+            # Through the wrapper's forward, so DDP/FSDP/DeepSpeed hooks act as for any model call.
+            loss, old_logps = self._forward_redirection(
+                model, unwrapped, self._fused_sampled_token_loss, unwrapped, inputs, mask, num_items
+            )
+            d = old_logps - inputs["teacher_logps"].to(old_logps.device)
+        else:
+            logps = completion_logprobs(model, inputs)
+            old_logps = logps.detach()
+            teacher_logps = inputs["teacher_logps"].to(logps.device)
+            d, advantages = sampled_token_advantages(old_logps, teacher_logps, self.kl_coef)
+            loss = importance_sampling_loss(logps, old_logps, advantages, mask.to(logps.device), num_items)
         if self.model.training:
             masked = (d * mask.to(d.device)).double().cpu()
             self._kl_moments += torch.stack([masked.sum(), (masked**2).sum(), mask.double().sum().cpu()])
         return (loss, None) if return_outputs else loss
+
+    def _fused_sampled_token_loss(self, unwrapped, inputs, mask, num_items):
+        """``(loss, log π_old)`` of S-OPD-3 by :func:`~dna_factory.distill.fused_loss.fused_sampled_token_loss`."""
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        keep = inputs["completion_ids"].size(1)
+        hidden = self._get_last_hidden_state(unwrapped, input_ids, attention_mask, keep)
+        head = unwrapped.get_output_embeddings()
+        device = head.weight.device
+        with maybe_gather_lm_head_ctx(head.weight, head.bias):
+            return fused_sampled_token_loss(
+                hidden.to(device), _HeadView(head), inputs["completion_ids"].to(device),
+                inputs["teacher_logps"], mask.to(device), num_items, self.kl_coef, logit_transform(unwrapped.config),
+            )  # fmt: skip
 
     def _flush_step_metrics(self, seconds: float) -> None:
         super()._flush_step_metrics(seconds)
