@@ -6,20 +6,22 @@ Run from the repository root (CPU; about 10 minutes on 2 cores)::
 
 Part 1, the divergence (vocabulary 151,936 as Qwen3, 4,096 completion tokens, hidden 1,024 as
 Qwen3-0.6B, fp32, forward + backward, gradient into the student's hidden states as with a
-frozen base and LoRA adapters). Each computation runs in a fresh subprocess; its peak memory
-is the growth of the process's peak RSS (CPU) or of ``torch.cuda.max_memory_allocated`` (GPU)
-over the inputs:
+frozen base and LoRA adapters). Each computation runs in a fresh subprocess with
+``OMP_NUM_THREADS=--threads`` (default all cores); its peak memory is the growth of the
+process's peak RSS (CPU) or of ``torch.cuda.max_memory_allocated`` (GPU) over the inputs. Per
+teacher mode three losses, ``--divergence_repeats`` times each in rotated order, medians:
 
-* ``local_teacher``: TRL's chunked generalized JSD (``beta: 1``, reverse KL), exactly what the
-  stage trains, vs a naive ``log_softmax`` of the full ``(tokens, vocab)`` logits of both models;
-* ``server_teacher``: the sampled-token OPD loss with the student's log-probabilities from
-  TRL's fused LM head (``ChunkedLogProbFunction``, the kernel ``add_fused_lm_head`` runs and
-  :func:`dna_factory.distill.trainers.completion_logprobs` trains with) vs ``log_softmax`` of the
-  full logits then ``gather``.
+* ``fused``: what the stage trains (:mod:`dna_factory.distill.fused_loss`): the generalized JSD
+  (``beta: 1``, reverse KL) against a local teacher, the sampled-token OPD loss for a server one;
+* ``project``: TRL's kernel for the same loss (``fused_loss: false``): ``_chunked_divergence_loss``
+  (``ChunkedDivergenceFunction``), and ``ChunkedLogProbFunction`` (the kernel ``add_fused_lm_head``
+  runs) under the importance-sampling loss;
+* ``naive``: ``log_softmax`` of the full ``(tokens, vocab)`` logits of both models (then ``gather``).
 
-Both pairs must give the same loss (relative difference printed). A naive run that would not
-fit in the memory available is not started; its peak is then extrapolated linearly in the
-token count from a run at 1/4 of the tokens, and the table says so.
+All three must give the same loss (relative difference printed). A naive run that would not fit in
+the memory available is not started: all three are then measured at 1/4 of the tokens, and the
+table says so. ``bench/results/distill.json`` records per teacher mode the fused loss's
+``time_vs_naive`` and ``memory_vs_naive`` (TRL's as ``trl_*``).
 
 Part 2, throughput of ``configs/distill/tiny-cpu.yaml`` (batch 8 x 16 completion tokens):
 ``data/completion_tokens_per_second`` averaged over steps 2..N with the local teacher, and
@@ -153,37 +155,55 @@ def _available_bytes() -> int:
     return 0
 
 
-def run_computation(method: str, tokens: int, vocab: int, hidden: int, device: str) -> dict:
+def run_computation(method: str, tokens: int, vocab: int, hidden: int, device: str, threads: int) -> dict:
     cmd = [sys.executable, __file__, "--child", method, "--tokens", str(tokens), "--vocab", str(vocab)]
     cmd += ["--hidden", str(hidden), "--device", device]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(f"{method} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def bench_divergence(tokens: int, vocab: int, hidden: int, device: str) -> list[dict]:
+LOSSES = ("fused", "project", "naive")
+"""The trained loss (dna_factory/distill/fused_loss.py), TRL's chunked kernel, and full logits."""
+
+
+def _median_runs(runs: list[dict]) -> dict:
+    import statistics
+
+    return {
+        "value": runs[0]["value"],
+        "seconds": statistics.median(r["seconds"] for r in runs),
+        "seconds_all": [r["seconds"] for r in runs],
+        "peak_bytes": statistics.median(r["peak_bytes"] for r in runs),
+    }
+
+
+def bench_divergence(
+    tokens: int, vocab: int, hidden: int, device: str, repeats: int, threads: int
+) -> list[dict]:
+    """Each loss ``repeats`` times per teacher mode, the order rotated every round; medians."""
     rows = []
     for mode in ("local_teacher", "server_teacher"):
-        project = run_computation(f"{mode}/project", tokens, vocab, hidden, device)
         needed = NAIVE_LOGIT_COPIES[mode] * tokens * vocab * 4
-        row = {"mode": mode, "tokens": tokens, "vocab": vocab, "hidden": hidden, "project": project}
-        if device == "cuda" or needed < _available_bytes() - 3 * 2**30:
-            row["naive"] = run_computation(f"{mode}/naive", tokens, vocab, hidden, device)
-        else:
-            quarter = tokens // 4
-            small_project = run_computation(f"{mode}/project", quarter, vocab, hidden, device)
-            small = run_computation(f"{mode}/naive", quarter, vocab, hidden, device)
-            row["naive"] = {
-                "value": None,
-                "seconds": small["seconds"] * tokens / quarter,
-                "peak_bytes": small["peak_bytes"] * tokens / quarter,
-                "extrapolated_from_tokens": quarter,
-                "value_rel_diff_at_that_size": abs(small["value"] - small_project["value"])
-                / abs(small["value"]),
-            }
-        if row["naive"]["value"] is not None:
-            row["value_rel_diff"] = abs(project["value"] - row["naive"]["value"]) / abs(row["naive"]["value"])
+        fits = device == "cuda" or needed < _available_bytes() - 3 * 2**30
+        size = tokens if fits else tokens // 4
+        runs: dict[str, list[dict]] = {loss: [] for loss in LOSSES}
+        for repeat in range(repeats):
+            order = LOSSES[repeat % 3 :] + LOSSES[: repeat % 3]
+            for loss in order:
+                runs[loss].append(run_computation(f"{mode}/{loss}", size, vocab, hidden, device, threads))
+        # Ratios compare losses at the same size: the naive loss's if it fits, else a quarter of the tokens
+        # (where the fused loss's fixed tile then weighs more: its memory ratio is pessimistic).
+        row = {"mode": mode, "tokens": tokens, "measured_at_tokens": size, "vocab": vocab, "hidden": hidden,
+               "repeats": repeats, "threads": threads}  # fmt: skip
+        row.update({loss: _median_runs(r) for loss, r in runs.items()})
+        naive = row["naive"]
+        for loss in ("fused", "project"):
+            row[loss]["time_vs_naive"] = row[loss]["seconds"] / naive["seconds"]
+            row[loss]["memory_vs_naive"] = row[loss]["peak_bytes"] / naive["peak_bytes"]
+            row[loss]["value_rel_diff"] = abs(row[loss]["value"] - naive["value"]) / abs(naive["value"])
         rows.append(row)
     return rows
 
@@ -322,6 +342,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3, help="recipe runs per teacher setting (median)")
     parser.add_argument("--skip_divergence", action="store_true")
+    parser.add_argument("--divergence_repeats", type=int, default=3, help="runs of each loss (median)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count(),
+        help="OMP_NUM_THREADS of the divergence runs (all cores)",
+    )
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
     parser.add_argument("--skip_throughput", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -335,25 +362,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_divergence:  # keep the last measurement of the part not rerun
         divergence = previous.get("divergence", [])
     else:
-        divergence = bench_divergence(args.tokens, args.vocab, args.hidden, args.device)
-    print(f"\nDivergence, forward + backward: {args.tokens} tokens x vocab {args.vocab}, hidden {args.hidden}, "
-          f"fp32, {args.device}")  # fmt: skip
-    print(f"{'mode':<16}{'computation':<48}{'peak memory':>14}{'seconds':>10}{'loss':>14}")
-    for row in divergence:
-        naive = row["naive"]
-        label = "naive full logits" + (
-            f" (extrapolated from {naive['extrapolated_from_tokens']})"
-            if "extrapolated_from_tokens" in naive
-            else ""
+        divergence = bench_divergence(
+            args.tokens, args.vocab, args.hidden, args.device, args.divergence_repeats, args.threads
         )
-        for name, m in (("project (TRL chunked)", row["project"]), (label, naive)):
-            value = f"{m['value']:.8f}" if m["value"] is not None else "-"
-            print(f"{row['mode']:<16}{name:<48}{_gib(m['peak_bytes']):>14}{m['seconds']:>10.2f}{value:>14}")
-        if "value_rel_diff" in row:
-            print(f"{'':<16}same value: relative difference {row['value_rel_diff']:.1e}")
-        else:
-            print(f"{'':<16}same value at {naive['extrapolated_from_tokens']} tokens: relative difference "
-                  f"{naive['value_rel_diff_at_that_size']:.1e}")  # fmt: skip
+    print(f"\nDivergence, forward + backward: {args.tokens} tokens x vocab {args.vocab}, hidden {args.hidden}, "
+          f"fp32, {args.device}, OMP_NUM_THREADS={args.threads}, median of {args.repeats} (order rotated)")  # fmt: skip
+    print(f"{'mode':<16}{'loss':<34}{'peak memory':>12}{'seconds':>9}{'x naive time':>14}{'x naive mem':>13}"
+          f"{'rel. diff':>11}")  # fmt: skip
+    names = {"fused": "fused (trained)", "project": "TRL chunked kernel", "naive": "naive full logits"}
+    for row in divergence:
+        for loss in LOSSES:
+            m = row[loss]
+            ratios = (
+                f"{m['time_vs_naive']:>14.2f}{m['memory_vs_naive']:>13.2f}{m['value_rel_diff']:>11.1e}"
+                if loss != "naive"
+                else f"{'1.00':>14}{'1.00':>13}{'':>11}"
+            )
+            print(
+                f"{row['mode']:<16}{names[loss]:<34}{_gib(m['peak_bytes']):>12}{m['seconds']:>9.2f}{ratios}"
+            )
+        if row["measured_at_tokens"] != row["tokens"]:
+            print(
+                f"{'':<16}(the naive loss does not fit: all measured at {row['measured_at_tokens']} tokens)"
+            )
 
     if args.skip_throughput:
         throughput, scoring = previous.get("throughput", []), previous.get("teacher_scoring", [])
@@ -373,6 +404,15 @@ def main(argv: list[str] | None = None) -> int:
 
     payload = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": args.device},
+        "date": time.strftime("%Y-%m-%d"),
+        # The trained (fused) loss per teacher mode, against the naive full-logits loss of the same mode.
+        **{
+            row["mode"]: {
+                key: row["fused"][key] for key in ("time_vs_naive", "memory_vs_naive", "value_rel_diff")
+            }
+            | {"trl_" + key: row["project"][key] for key in ("time_vs_naive", "memory_vs_naive")}
+            for row in divergence
+        },
         "divergence": divergence,
         "throughput": throughput,
         "teacher_scoring": scoring,

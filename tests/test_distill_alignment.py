@@ -114,6 +114,68 @@ def test_off_policy_sampling_is_refused_naming_the_setting(flags, named, tiny_mo
         _dry_run(*SERVER, *flags)
 
 
+def _student_with_generation_defaults(tiny_model, out, **defaults):
+    shutil.copytree(tiny_model, out)
+    data = json.loads((out / "generation_config.json").read_text())
+    (out / "generation_config.json").write_text(json.dumps(data | defaults))
+    return out
+
+
+def test_the_students_own_generation_defaults_are_named_as_off_policy(tmp_path, tiny_model, tiny_teacher):
+    """HF generation fills what TRL leaves unset from the student's generation_config.json (min_p, typical_p...)."""
+    student = _student_with_generation_defaults(
+        tiny_model, tmp_path / "student", min_p=0.05, typical_p=0.9, no_repeat_ngram_size=3, top_k=20
+    )
+    with pytest.raises(DnaConfigError) as err:
+        _dry_run(*SERVER, "--model_name_or_path", str(student))
+    message = str(err.value)
+    for named in ("min_p 0.05", "typical_p 0.9", "no_repeat_ngram_size 3"):
+        assert f"{named} (from the student's generation_config.json" in message
+    assert "top_k 20" not in message  # TRL passes top_k (0) explicitly: the model's 20 never applies
+    # Neutral values in the recipe override the student's defaults; vLLM sampling never reads them.
+    _dry_run(*SERVER, "--model_name_or_path", str(student), "--min_p", "0.0", "--generation_kwargs",
+             '{"typical_p": 1.0, "no_repeat_ngram_size": 0}')  # fmt: skip
+    with pytest.raises(DnaConfigError) as err:
+        _dry_run(*SERVER, "--model_name_or_path", str(student), "--use_vllm", "true", "--dtype", "bfloat16")
+    assert "use_vllm" in str(err.value) and "(from the student's generation_config.json" not in str(err.value)
+
+
+def test_vllm_sampling_is_named_as_off_policy_as_its_ratio_is_not_corrected(tiny_model, tiny_teacher):
+    """TRL keeps none of vLLM's sampling log-probabilities, so r_t = pi_theta / pi_vLLM cannot be formed."""
+    with pytest.raises(
+        DnaConfigError, match=r"use_vllm \(its log-probabilities differ .* ratio is not corrected\)"
+    ):
+        _dry_run(*SERVER, "--use_vllm", "true", "--dtype", "bfloat16")
+    with pytest.raises(
+        DnaConfigError, match=r"vllm_mode server: the server's sampling dtype cannot be checked"
+    ):
+        _dry_run(*SERVER, "--use_vllm", "true", "--vllm_mode", "server")
+    _dry_run("--use_vllm", "true")  # local_teacher: the divergence is exact on whatever states are visited
+
+
+def test_a_server_teacher_is_not_compared_with_an_unused_local_teacher(tmp_path, tiny_model, tiny_teacher):
+    """Server mode scores with the served tokenizer (checked through /tokenize at start-up), not a local path."""
+    other = _teacher_copy(tiny_teacher, tmp_path / "other", tokenizer_edit=_swap_two_rare_tokens)
+    with pytest.raises(DnaConfigError):
+        _dry_run("--teacher_model_name_or_path", str(other))
+    _dry_run(*SERVER, "--teacher_model_name_or_path", str(other))
+
+
+def test_canary_generate_fills_unset_sampling_keys_from_the_models_generation_config(tmp_path, tiny_model):
+    """What the check above relies on (transformers' _prepare_generation_config): None keys take the model's values."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    student = _student_with_generation_defaults(
+        tiny_model, tmp_path / "student", min_p=0.05, no_repeat_ngram_size=3
+    )
+    model = AutoModelForCausalLM.from_pretrained(student)
+    trl_like = GenerationConfig(
+        do_sample=True, temperature=1.0, top_p=1.0, top_k=0, min_p=None, max_new_tokens=4
+    )
+    prepared, _ = model._prepare_generation_config(trl_like)
+    assert (prepared.min_p, prepared.no_repeat_ngram_size, prepared.top_k) == (0.05, 3, 0)
+
+
 def test_off_policy_sampling_runs_when_allowed_and_is_warned(tiny_model, tiny_teacher, caplog):
     with caplog.at_level(logging.WARNING):
         _dry_run(*SERVER, "--top_p", "0.9", "--top_k", "20", "--allow_off_policy_sampling", "true")
@@ -123,6 +185,3 @@ def test_off_policy_sampling_runs_when_allowed_and_is_warned(tiny_model, tiny_te
 def test_neutral_sampling_settings_pass(tiny_model, tiny_teacher):
     _dry_run(*SERVER, "--top_k", "0", "--top_p", "1.0", "--repetition_penalty", "1.0", "--temperature", "1")
     _dry_run(*SERVER, "--generation_kwargs", '{"max_new_tokens": 16, "stop": []}')
-    _dry_run(
-        *SERVER, "--use_vllm", "true", "--dtype", "bfloat16"
-    )  # what vLLM samples the float32 checkpoint in

@@ -14,11 +14,12 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
 
-from dna_factory.distill import fused_loss
-from dna_factory.distill.fused_loss import fused_divergence_loss, fused_sampled_token_loss
-from dna_factory.distill.trainers import importance_sampling_loss, sampled_token_advantages
+from tests.lazy import lazy
+
+torch = lazy("torch")
+fused_loss = lazy("dna_factory.distill.fused_loss")
+trainers = lazy("dna_factory.distill.trainers")
 
 B, K, H, V = 3, 7, 16, 53
 
@@ -26,7 +27,7 @@ B, K, H, V = 3, 7, 16, 53
 @pytest.fixture(autouse=True)
 def many_chunks(monkeypatch):
     """Three tokens per chunk: the chunk loop, its last partial chunk and the gradient rows are all exercised."""
-    monkeypatch.setattr(fused_loss, "TILE_BYTES", 4 * V * 3)
+    monkeypatch.setattr("dna_factory.distill.fused_loss.TILE_BYTES", 4 * V * 3)
 
 
 def _transform(logits, scale, softcap, temperature=1.0):
@@ -69,7 +70,7 @@ def test_divergence_equals_trl_and_float64_with_gradients(beta, transform, tempe
     params = [h_s, student.weight] + ([student.bias] if bias else [])
     scale, softcap = transform
 
-    loss, entropy, n_valid = fused_divergence_loss(
+    loss, entropy, n_valid = fused_loss.fused_divergence_loss(
         h_s, h_t, student, teacher, mask, beta, n, student_transform=transform, temperature=temperature
     )
     grads = torch.autograd.grad(loss, params)
@@ -97,7 +98,7 @@ def test_divergence_without_num_items_is_the_mean_over_the_mask():
     h_s, h_t = torch.randn(B, K, H), torch.randn(B, K, H)
     student, teacher = torch.nn.Linear(H, V, bias=False), torch.nn.Linear(H, V, bias=False)
     mask = _mask()
-    loss, _, _ = fused_divergence_loss(h_s, h_t, student, teacher, mask, 1.0)
+    loss, _, _ = fused_loss.fused_divergence_loss(h_s, h_t, student, teacher, mask, 1.0)
     with torch.no_grad():
         expected = (_divergence_f64(student(h_s), teacher(h_t), 1.0) * mask).sum() / mask.sum()
     assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
@@ -116,11 +117,13 @@ def test_sampled_token_equals_the_unfused_loss_and_trl_logprobs(transform, bias)
     teacher_logps, mask, n = -8 * torch.rand(B, K), _mask(), 11.0
     params = [hidden, head.weight] + ([head.bias] if bias else [])
 
-    loss, logps = fused_sampled_token_loss(hidden, head, ids, teacher_logps, mask, n, 0.5, transform)
+    loss, logps = fused_loss.fused_sampled_token_loss(
+        hidden, head, ids, teacher_logps, mask, n, 0.5, transform
+    )
     grads = torch.autograd.grad(loss, params)
     full = torch.log_softmax(_transform(head(hidden), *transform), -1).gather(-1, ids[..., None])[..., 0]
-    _, advantages = sampled_token_advantages(full.detach(), teacher_logps, 0.5)
-    reference = importance_sampling_loss(full, full.detach(), advantages, mask, n)
+    _, advantages = trainers.sampled_token_advantages(full.detach(), teacher_logps, 0.5)
+    reference = trainers.importance_sampling_loss(full, full.detach(), advantages, mask, n)
     reference_grads = torch.autograd.grad(reference, params)
     trl = ChunkedLogProbFunction.apply(
         hidden.reshape(-1, H), head.weight, head.bias, ids.reshape(-1), 1.0, 4, transform[1], transform[0],
@@ -139,8 +142,10 @@ def test_no_gradient_is_formed_under_no_grad():
     h_s = torch.randn(B, K, H, requires_grad=True)
     student, teacher = torch.nn.Linear(H, V), torch.nn.Linear(H, V)
     with torch.no_grad():
-        loss, _, _ = fused_divergence_loss(h_s, torch.randn(B, K, H), student, teacher, _mask(), 0.5)
-        sampled, _ = fused_sampled_token_loss(h_s, student, torch.zeros(B, K, dtype=torch.long), -torch.ones(B, K),
+        loss, _, _ = fused_loss.fused_divergence_loss(
+            h_s, torch.randn(B, K, H), student, teacher, _mask(), 0.5
+        )
+        sampled, _ = fused_loss.fused_sampled_token_loss(h_s, student, torch.zeros(B, K, dtype=torch.long), -torch.ones(B, K),
                                               _mask(), 5.0, 1.0)  # fmt: skip
     assert not loss.requires_grad and not sampled.requires_grad
 
@@ -160,8 +165,8 @@ def test_bf16_inputs_train_in_float32_and_give_bf16_gradients(beta):
     h16 = h32.bfloat16().requires_grad_()
     h32 = h16.detach().float().requires_grad_()
     mask = _mask()
-    loss16, _, _ = fused_divergence_loss(h16, t32.bfloat16(), s16, te16, mask, beta)
-    loss32, _, _ = fused_divergence_loss(h32, t32.bfloat16().float(), s32, te32, mask, beta)
+    loss16, _, _ = fused_loss.fused_divergence_loss(h16, t32.bfloat16(), s16, te16, mask, beta)
+    loss32, _, _ = fused_loss.fused_divergence_loss(h32, t32.bfloat16().float(), s32, te32, mask, beta)
     g16, w16 = torch.autograd.grad(loss16, [h16, s16.weight])
     g32, w32 = torch.autograd.grad(loss32, [h32, s32.weight])
     assert loss16.dtype == torch.float32 and loss16.item() == pytest.approx(loss32.item(), abs=1e-6)
@@ -170,15 +175,15 @@ def test_bf16_inputs_train_in_float32_and_give_bf16_gradients(beta):
     assert torch.allclose(w16.float(), w32, atol=1e-3, rtol=1e-2)
 
     ids = torch.randint(0, V, (B, K))
-    sampled16, _ = fused_sampled_token_loss(h16, s16, ids, -torch.ones(B, K), mask, 9.0, 1.0)
-    sampled32, _ = fused_sampled_token_loss(h32, s32, ids, -torch.ones(B, K), mask, 9.0, 1.0)
+    sampled16, _ = fused_loss.fused_sampled_token_loss(h16, s16, ids, -torch.ones(B, K), mask, 9.0, 1.0)
+    sampled32, _ = fused_loss.fused_sampled_token_loss(h32, s32, ids, -torch.ones(B, K), mask, 9.0, 1.0)
     assert sampled16.item() == pytest.approx(sampled32.item(), abs=1e-5)
     assert torch.allclose(torch.autograd.grad(sampled16, h16)[0].float(), torch.autograd.grad(sampled32, h32)[0],
                           atol=1e-3, rtol=1e-2)  # fmt: skip
 
 
 def test_chunk_rows_fit_the_tile_budget(monkeypatch):
-    monkeypatch.setattr(fused_loss, "TILE_BYTES", 1 << 28)
+    monkeypatch.setattr("dna_factory.distill.fused_loss.TILE_BYTES", 1 << 28)
     assert fused_loss.rows_per_chunk(4096, 151936) == 441
     assert fused_loss.rows_per_chunk(4096, 151936) * 151936 * 4 <= 1 << 28
     assert fused_loss.rows_per_chunk(5, 10**9) == 1  # a huge vocabulary still makes progress

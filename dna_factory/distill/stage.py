@@ -192,6 +192,53 @@ HARMLESS_GENERATION_KWARGS = frozenset(
 """generation_kwargs keys that do not change which distribution a token is drawn from (any other key is named)."""
 
 
+STUDENT_GENERATION_DEFAULTS = {
+    "min_p": (None, 0.0),
+    "typical_p": (None, 1.0),
+    "epsilon_cutoff": (None, 0.0),
+    "eta_cutoff": (None, 0.0),
+    "no_repeat_ngram_size": (None, 0),
+    "min_new_tokens": (None, 0),
+    "min_length": (None, 0),
+    "bad_words_ids": (None, []),
+    "suppress_tokens": (None, []),
+    "begin_suppress_tokens": (None, []),
+    "sequence_bias": (None, {}),
+}
+"""Keys of the student's generation_config.json that change the sampled distribution, with their neutral values.
+
+TRL passes ``temperature``, ``top_p``, ``top_k`` and ``repetition_penalty`` to HF generation explicitly, but
+leaves these unset (``min_p`` too unless the recipe sets it), and transformers' ``generate`` fills every unset
+key from the model's own generation_config.json (``_prepare_generation_config``, pinned by a canary test)."""
+
+
+def _student_generation_config(cfg: ResolvedConfig) -> dict:
+    """The student's generation_config.json as a dict ({} if it has none, or a hub id cannot be read offline)."""
+    from transformers.utils import cached_file
+
+    try:
+        path = cached_file(
+            cfg.get("model_name_or_path"), "generation_config.json", revision=cfg.get("model_revision"),
+            _raise_exceptions_for_missing_entries=False, _raise_exceptions_for_connection_errors=False,
+        )  # fmt: skip
+    except OSError:
+        return {}
+    return json.loads(Path(path).read_text()) if path else {}
+
+
+def _generation_config_settings(cfg: ResolvedConfig, kwargs: dict) -> list[str]:
+    """HF generation: the student's own defaults that would apply because the recipe leaves them unset."""
+    if cfg.get("use_vllm"):  # TRL hands vLLM explicit SamplingParams: the model's defaults do not apply
+        return []
+    found = []
+    for key, value in _student_generation_config(cfg).items():
+        neutral = STUDENT_GENERATION_DEFAULTS.get(key)
+        set_by_recipe = key in kwargs or (key == "min_p" and cfg.get("min_p") is not None)
+        if neutral is not None and not set_by_recipe and value not in neutral:
+            found.append(f"{key} {value} (from the student's generation_config.json, which generate applies)")
+    return found
+
+
 def _checkpoint_dtype(cfg: ResolvedConfig) -> str | None:
     """``dtype`` in the student's config.json (local or, online, from the Hub), else None."""
     from transformers import AutoConfig
@@ -233,21 +280,37 @@ def off_policy_settings(cfg: ResolvedConfig) -> list[str]:
                 f'generation_kwargs {kwargs!r} is not a JSON object. Use e.g. {{"stop": []}}.'
             ) from None
     for key, value in kwargs.items():
-        if key in NEUTRAL_SAMPLING:
-            if value not in NEUTRAL_SAMPLING[key]:
+        neutral = NEUTRAL_SAMPLING.get(key) or STUDENT_GENERATION_DEFAULTS.get(key)
+        if neutral is not None:
+            if value not in neutral:
                 found.append(f"generation_kwargs.{key} {value}")
         elif key not in HARMLESS_GENERATION_KWARGS:
             found.append(f"generation_kwargs.{key} {value}")
-    if cfg.get("use_vllm") and cfg.get("vllm_mode", "colocate") == "colocate":
-        checkpoint = _checkpoint_dtype(cfg)
-        trained = str(cfg.get("dtype") or "auto")
-        trained = checkpoint if trained == "auto" else trained
-        if checkpoint and trained != _vllm_auto_dtype(checkpoint):
-            found.append(
-                f"use_vllm (colocated vLLM samples in {_vllm_auto_dtype(checkpoint)}, its automatic dtype for this "
-                f"{checkpoint} checkpoint, while the student trains in {trained})"
-            )
+    found += _generation_config_settings(cfg, kwargs)
+    if cfg.get("use_vllm"):
+        found.append(_vllm_sampling(cfg))
     return found
+
+
+def _vllm_sampling(cfg: ResolvedConfig) -> str:
+    """Why vLLM sampling is off-policy for the sampled-token loss: TRL discards vLLM's log-probabilities.
+
+    The trainer's forward and vLLM's kernels give slightly different ``π(y_t)`` (more so in another dtype), and
+    TRL's DistillationTrainer requests no sampling log-probabilities from vLLM, so the importance ratio
+    ``π_θ / π_vLLM`` cannot be corrected: ``r_t`` is 1 by construction.
+    """
+    gap = "its log-probabilities differ from the trainer's forward and TRL keeps none, so the ratio is not corrected"
+    if cfg.get("vllm_mode", "colocate") != "colocate":
+        return f"use_vllm (vllm_mode server: the server's sampling dtype cannot be checked from here; {gap})"
+    checkpoint = _checkpoint_dtype(cfg)
+    trained = str(cfg.get("dtype") or "auto")
+    trained = checkpoint if trained == "auto" else trained
+    if checkpoint and trained != _vllm_auto_dtype(checkpoint):
+        return (
+            f"use_vllm (colocated vLLM samples in {_vllm_auto_dtype(checkpoint)}, its automatic dtype for this "
+            f"{checkpoint} checkpoint, while the student trains in {trained}; {gap})"
+        )
+    return f"use_vllm ({gap})"
 
 
 def validate_sampling(cfg: ResolvedConfig) -> None:
@@ -269,7 +332,8 @@ def validate_sampling(cfg: ResolvedConfig) -> None:
     raise DnaConfigError(
         f"distill_mode: server_teacher estimates KL(student || teacher) from the tokens the student samples, which "
         f"must come from the distribution it trains, but the student samples with {what}. Use temperature 1.0, "
-        "top_p 1.0, top_k 0, min_p unset, no penalties and vLLM in the training dtype, or set "
+        "top_p 1.0, top_k 0, min_p unset, no penalties, vLLM in the training dtype and neutral values for the "
+        'student\'s generation_config.json keys (in generation_kwargs, e.g. {"no_repeat_ngram_size": 0}), or set '
         "allow_off_policy_sampling: true to run anyway (every d_t is then biased)."
     )
 
@@ -324,8 +388,12 @@ def _both_tokenizers_local(cfg: ResolvedConfig) -> bool:
 
 
 def validate_tokenizers(cfg: ResolvedConfig) -> None:
-    """S-OPD-4 under --dry_run: compare the tokenizers when both are local directories (hub ids: at start-up)."""
-    if _both_tokenizers_local(cfg):
+    """S-OPD-4 under --dry_run: compare the tokenizers when both are local directories (hub ids: at start-up).
+
+    local_teacher only: a server teacher's tokenizer is the served one, compared through its ``/tokenize`` at
+    start-up; a local ``teacher_model_name_or_path`` beside it is not what scores the tokens.
+    """
+    if cfg.get("distill_mode", "local_teacher") == "local_teacher" and _both_tokenizers_local(cfg):
         _check_local_tokenizers(cfg.get("model_name_or_path"), cfg.get("teacher_model_name_or_path"), cfg)
 
 

@@ -69,6 +69,7 @@ from rewards.sandbox.isolation import (
     POLICIES,
     Isolation,
     NoBoundaryError,
+    auto_fallback,
     boundary_for,
     sandbox_isolation,
 )
@@ -230,6 +231,8 @@ async def run_python_async(
     limits = limits or Limits()
     if isolation == "auto":
         found = await asyncio.to_thread(sandbox_isolation)
+        if not found.namespaces and (refused := auto_fallback(found)) is not None:
+            return ExecutionResult(None, sandbox_error=refused, isolation="auto")
         isolation = "namespaces" if found.namespaces else "process"
     namespaces = isolation == "namespaces"
     start = time.perf_counter()

@@ -256,14 +256,32 @@ def sweep_stale_cgroups() -> int:
     return removed
 
 
-def _binds() -> list[str]:
-    """Host paths bound read-only at the same path inside: the interpreter, the virtualenv, this directory."""
-    paths = [sys.base_prefix, sys.prefix, str(Path(__file__).resolve().parent)]
-    unique: list[str] = []
-    for path in map(os.path.realpath, paths):
-        if path not in unique and not any(path.startswith(other + os.sep) for other in unique):
-            unique = [other for other in unique if not other.startswith(path + os.sep)] + [path]
-    return unique
+def _binds() -> list[tuple[str, str]]:
+    """``(host source, path inside)`` of each read-only bind: the interpreter, the virtualenv, this directory.
+
+    Each is bound at its real path and, where the process reaches it through a symbolic link, at that path
+    too: the slot runs ``sys.executable`` and imports from ``sys.path`` as this process names them (a ``.venv``
+    that links to a shared environment is common on clusters), and an interpreter reached by a path that does
+    not exist inside would fail every slot. Sources are real paths; a bind inside another with the same real
+    contents is left out.
+    """
+    paths = [sys.base_prefix, sys.prefix, os.path.dirname(os.path.abspath(sys.executable))]
+    paths.append(str(Path(__file__).resolve().parent))
+    wanted: dict[str, str] = {}
+    for path in paths:
+        real = os.path.realpath(path)
+        for target in (real, os.path.abspath(path)):
+            wanted.setdefault(target, real)
+    binds: list[tuple[str, str]] = []
+    for target in sorted(wanted, key=len):
+        real = wanted[target]
+        covered = any(
+            target.startswith(outer + os.sep) and real == os.path.join(source, os.path.relpath(target, outer))
+            for source, outer in binds
+        )
+        if not covered:
+            binds.append((real, target))
+    return binds
 
 
 def slot_command(argv: list[str], env: dict[str, str]) -> list[str]:
@@ -271,9 +289,12 @@ def slot_command(argv: list[str], env: dict[str, str]) -> list[str]:
     that every run then narrows (fresh mount, PID, IPC, UTS and cgroup namespaces and ``tmpfs`` mounts)."""
     size = str(1 << 20)  # the mount points' own tmpfs: every run mounts its own over them
     binds = _binds()
-    sources = [f"{STAGE}/{i}" for i in range(len(binds))] if os.geteuid() == 0 else binds
+    targets = [target for _, target in binds]
+    sources = [f"{STAGE}/{i}" for i in range(len(binds))] if os.geteuid() == 0 else [src for src, _ in binds]
     inner = [
-        "bwrap",
+        # The bwrap whose version was checked (this process's PATH): a root caller's launcher has its own PATH,
+        # without /usr/local/bin, where a bwrap newer than the distribution's often lives.
+        shutil.which("bwrap") or "bwrap",
         "--unshare-all",
         "--unshare-user",
         "--disable-userns",
@@ -308,7 +329,7 @@ def slot_command(argv: list[str], env: dict[str, str]) -> list[str]:
     inner += ["--proc", "/proc", "--size", size, "--perms", "1777", "--tmpfs", "/tmp"]
     inner += ["--size", size, "--perms", "0700", "--tmpfs", WORKDIR]
     # after the tmpfs mounts: an interpreter, venv or checkout under /tmp would be hidden under the empty /tmp
-    for source, target in zip(sources, binds, strict=True):
+    for source, target in zip(sources, targets, strict=True):
         inner += ["--ro-bind", source, target]
     inner += ["--chdir", WORKDIR, "--remount-ro", "/", "--clearenv"]
     for key, value in env.items():
@@ -326,7 +347,7 @@ def slot_command(argv: list[str], env: dict[str, str]) -> list[str]:
         LAUNCHER,
         "sh",
         STAGE,
-        *_binds(),
+        *(source for source, _ in binds),
         "--",
     ]
     return [*launcher, *inner]

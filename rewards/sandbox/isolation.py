@@ -2,8 +2,8 @@
 
 :func:`sandbox_isolation` runs a probe inside the boundary (bubblewrap, :mod:`rewards.sandbox.bwrap`) and
 checks what it sees: an unprivileged host uid, no ``/etc``, no caller's files. When that holds every
-``isolation="auto"`` run uses the boundary, otherwise plain processes, with one warning that says why and
-what to change. :func:`boundary_for` is the recipes' side of it: the code reward and the Coding Agent fail
+``isolation="auto"`` run uses the boundary; otherwise (:func:`auto_fallback`) plain processes for an
+unprivileged caller, with one warning that says why and what to change, and a refusal for root. :func:`boundary_for` is the recipes' side of it: the code reward and the Coding Agent fail
 closed where the boundary cannot be built.
 
 Example:
@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 
@@ -37,6 +38,8 @@ class Isolation:
 
     namespaces: bool
     reason: str = ""
+    missing_tool: bool = False
+    """True when ``reason`` is a missing or old tool, False when the tools are there but the probe failed."""
 
 
 def sandbox_isolation() -> Isolation:
@@ -44,7 +47,8 @@ def sandbox_isolation() -> Isolation:
 
     Returns:
         The :class:`Isolation` every ``isolation="auto"`` run uses. When namespaces do not work,
-        ``reason`` says why, and a warning is logged once.
+        ``reason`` says why (logged at INFO: what follows is for the caller to say, see :func:`auto_fallback`
+        and :func:`boundary_for`).
 
     Example:
         >>> sandbox_isolation().namespaces in (True, False)
@@ -76,24 +80,50 @@ def sandbox_isolation() -> Isolation:
                     else f"probe ended with {probe.status}"
                 )
             )
-        _isolation = Isolation(False, reason)
+        _isolation = Isolation(False, reason, missing_tool=bwrap.missing_tools() is not None)
+        logger.info("The code sandbox cannot build its boundary here: %s", reason)
+        return _isolation
+
+
+def advice(found: Isolation) -> str:
+    """What to change so the boundary can be built, ending in a space; empty for a missing tool (``reason`` says
+    which to install)."""
+    if found.missing_tool:
+        return ""
+    return (
+        "bubblewrap is installed but the boundary probe failed: allow unprivileged user namespaces "
+        "(sysctl kernel.unprivileged_userns_clone=1, kernel.apparmor_restrict_unprivileged_userns=0; in Docker "
+        "--security-opt seccomp=unconfined). "
+    )
+
+
+_warned_fallback = False
+
+
+def auto_fallback(found: Isolation) -> str | None:
+    """What ``run_python(isolation="auto")`` does where no boundary can be built.
+
+    Returns:
+        None: run as a plain process (unprivileged callers), warned once per process; or the one-line
+        refusal to return as the run's ``sandbox_error``: a library fallback never runs model-written code as
+        root (pass ``isolation="process"`` to ask for that explicitly).
+    """
+    global _warned_fallback
+    if os.geteuid() == 0:
+        return (
+            f"isolation='auto' found no sandbox boundary here ({found.reason}) and does not run model-written code "
+            f"as root without one. {advice(found)}Or pass isolation='process' to run it as a plain root process."
+        )
+    if not _warned_fallback:
+        _warned_fallback = True
         logger.warning(
             "The code sandbox cannot build its boundary here (%s), so library calls with isolation='auto' run "
             "programs as plain processes: limits, seccomp (no sockets, no processes) and a scrubbed environment "
-            "still apply, but the program can read what this user can. Install bubblewrap 0.8+ and allow user "
-            "namespaces (sysctl kernel.unprivileged_userns_clone=1; in Docker --security-opt seccomp=unconfined).",
-            reason,
+            "still apply, but the program can read what this user can. %s",
+            found.reason,
+            advice(found),
         )
-        probe = run_python("print('ok')", timeout_s=30.0, isolation="process")
-        if probe.ok and probe.stdout == "ok\n":
-            _report(probe.protections)
-        else:
-            logger.error(
-                "The code sandbox cannot run a program here either (%s), so every code reward will be None. "
-                "Check that this Python starts with -I and that the kernel allows seccomp filters.",
-                probe.sandbox_error or probe.status,
-            )
-        return _isolation
+    return None
 
 
 def _report(protections: frozenset[str]) -> None:
@@ -156,8 +186,7 @@ def boundary_for(policy: str, who: str) -> str:
     if not found.namespaces:
         raise NoBoundaryError(
             f"{who}: no sandbox boundary can be built on this machine ({found.reason}), so model-written code "
-            "will not run. Install bubblewrap 0.8+ (apt-get install bubblewrap) and allow user namespaces (in Docker run "
-            "with --security-opt "
-            "seccomp=unconfined), or set isolation: unsafe_process to run it without a boundary (docs/rewards.md)."
+            f"will not run. {advice(found)}Or set isolation: unsafe_process to run it without a boundary "
+            "(docs/rewards.md)."
         )
     return "namespaces"

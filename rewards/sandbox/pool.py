@@ -14,8 +14,9 @@ same program/tests split and seccomp filter as ever (:mod:`rewards.sandbox.boot`
   PID 1, which waits. :func:`run` then sends the run's descriptors to it, feeds and reads the run's pipes
   (:mod:`rewards.sandbox.streams`), and kills the run (cgroup, pidfd) on a timeout. A slot that does not answer
   as expected is killed and replaced, never reused.
-- A root caller's slots each run as their own host uid (:data:`SLOT_UID`), so no two concurrent runs share
-  per-user kernel counters; a slot is recycled after :data:`RUNS_PER_SLOT` runs.
+- A root caller's slots each run as their own host uid (:data:`SLOT_UID`), leased host-wide (:func:`_lease`),
+  so no two concurrent runs share per-user kernel counters, not even across trainers; a slot is recycled after
+  :data:`RUNS_PER_SLOT` runs.
 
 Example:
     >>> MAX_SLOTS >= 1
@@ -29,6 +30,7 @@ import atexit
 import collections
 import concurrent.futures
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -66,14 +68,44 @@ _DONE = struct.Struct("=ci")  # zygote.DONE: b"D", exit status
 
 
 _index_lock = threading.Lock()
-_taken: set[int] = set()
+_taken: dict[int, int | None] = {}
+"""Slot indices this process uses, each with the descriptor of its host-wide lease (None for a non-root caller)."""
+LEASE_DIR = "/run/dna-sandbox-slots"
+"""Where a root caller leases slot indices (one ``flock`` per index), so concurrent trainers never share a uid."""
+
+
+def _lease(index: int) -> tuple[bool, int | None]:
+    """Whether ``index`` is free host-wide, and the descriptor that holds it until closed (or the process ends).
+
+    Only a root caller's slots run as their own host uid (``SLOT_UID + index``): an exclusive ``flock`` on
+    ``LEASE_DIR/<index>`` keeps two trainers on one host (each with its own pool) from running slots as the
+    same uid, which would share per-uid kernel counters (inotify instances, processes, locked memory). The
+    kernel drops the lock when the holder dies, even by SIGKILL.
+    """
+    if os.geteuid() != 0:
+        return True, None  # every slot runs as this user's uid: nothing to share out
+    os.makedirs(LEASE_DIR, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(LEASE_DIR, str(index)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False, None
+    return True, fd
 
 
 def _take_index(mine: set[int]) -> int:
-    """The lowest slot index no pool of this process uses (a root caller's slot ``i`` runs as uid SLOT_UID + i)."""
+    """The lowest slot index neither a pool of this process nor another process on this host uses (a root caller's
+    slot ``i`` runs as uid SLOT_UID + i)."""
     with _index_lock:
-        index = next(i for i in range(len(_taken) + 1) if i not in _taken)
-        _taken.add(index)
+        index = 0
+        while True:
+            if index not in _taken:
+                free, fd = _lease(index)
+                if free:
+                    break
+            index += 1
+        _taken[index] = fd
     mine.add(index)
     return index
 
@@ -81,7 +113,9 @@ def _take_index(mine: set[int]) -> int:
 def _free_index(mine: set[int], index: int) -> None:
     mine.discard(index)
     with _index_lock:
-        _taken.discard(index)
+        fd = _taken.pop(index, None)
+    if fd is not None:
+        os.close(fd)
 
 
 class PoolClosed(SlotError):
@@ -290,7 +324,11 @@ def close_pool() -> None:
 
 def _forget_pool() -> None:
     global _pool, _pool_lock, _index_lock, _taken
-    _pool_lock, _index_lock, _taken = threading.Lock(), threading.Lock(), set()
+    for fd in _taken.values():  # a fork shares the parent's leases (flock is per open file): not its to hold
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    _pool_lock, _index_lock, _taken = threading.Lock(), threading.Lock(), {}
     if _pool is not None:
         _pool.forget()
     _pool = None

@@ -99,7 +99,9 @@ _SYSCALLS = {  # name: (x86_64, aarch64)
 }
 _PROCESS_CALLS = ("fork", "vfork", "clone", "clone3", "execve", "execveat")
 _SELF_ONLY = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "prlimit64")
-"""Allowed only aimed at this process (argument 0 is 0 or its pid): signals, and limits of another process."""
+"""Allowed only aimed at this process (argument 0 is its pid; for ``prlimit64`` also 0, "this process"): signals,
+and limits of another process. A signal to pid 0 or a negative pid reaches a whole process group, which holds the
+slot's zygote and the tests' process: refused."""
 _SHARED_MEMORY = ("memfd_create", "memfd_secret", "shmget", "msgget")
 """Refused where no memory cgroup counts their pages (``RLIMIT_AS`` does not)."""
 _DENIED = tuple(
@@ -147,7 +149,7 @@ def program(
         rules += [("clone", no_namespaces), ("clone3", [deny(errno.ENOSYS)])]
     rules.append(("socket", [deny(errno.EACCES)]))
     for name in _SELF_ONLY:
-        targets = (own_pid,) if name in ("tgkill", "rt_tgsigqueueinfo", "tkill") else (0, own_pid)
+        targets = (0, own_pid) if name == "prlimit64" else (own_pid,)
         rules.append((name, arg0_in(targets, errno.EPERM)))
     rules += [(name, [deny(errno.EPERM)]) for name in _DENIED]
     owner = [

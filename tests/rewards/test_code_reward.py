@@ -12,6 +12,7 @@ import errno
 import gzip
 import importlib.util
 import json
+import logging
 import os
 import pickle
 import socket
@@ -164,7 +165,7 @@ def test_private_workdir_is_removed_and_env_scrubbed(monkeypatch):
     }
 
 
-def test_without_bwrap_the_probe_falls_back_to_processes(monkeypatch, tmp_path, caplog):
+def test_without_bwrap_the_probe_names_it_and_auto_falls_back_only_below_root(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on the PATH
     monkeypatch.setattr(isolation_module, "_isolation", None)  # forget this process's probe
     bwrap.bwrap_version.cache_clear()
@@ -176,8 +177,14 @@ def test_without_bwrap_the_probe_falls_back_to_processes(monkeypatch, tmp_path, 
     assert (
         not found.namespaces and "bubblewrap" in found.reason and "apt-get install bubblewrap" in found.reason
     )
-    assert "cannot build its boundary" in caplog.text and "seccomp" in caplog.text
-    assert run_python("print('still sandboxed')", timeout_s=5).isolation == "process"
+    assert found.missing_tool
+    with caplog.at_level("WARNING", logger="rewards.sandbox.isolation"):
+        result = run_python("print('still sandboxed')", timeout_s=5)
+    if os.geteuid() == 0:  # a library fallback never runs model-written code as root
+        assert result.isolation == "auto" and result.stdout == "" and "as root" in result.sandbox_error
+    else:
+        assert result.isolation == "process" and result.stdout == "still sandboxed\n"
+        assert "cannot build its boundary" in caplog.text and "seccomp" in caplog.text
 
 
 def test_bad_arguments_raise():
@@ -319,6 +326,42 @@ def test_killing_the_parent_fails(mode):
     if mode == "namespaces":  # the kernel filter, behind the audit hook: libc's kill() fails too
         raw = run(f"import ctypes\nprint(ctypes.CDLL(None).kill({os.getpid()}, 0))", mode)
         assert raw.stdout == "-1\n"
+
+
+GROUP_SIGNALS = (
+    "import ctypes, os, signal\n"
+    "for target in (0, -os.getpgid(0)):\n"
+    "    try:\n        os.kill(target, signal.SIGINT)\n        print('sent')\n"
+    "    except OSError as exc:\n        print('refused', exc.errno)\n"
+    "    try:\n        libc = ctypes.CDLL(None, use_errno=True)\n"
+    "        print('libc', libc.kill(target, signal.SIGINT), ctypes.get_errno())\n"
+    "    except OSError as exc:\n        print('refused', exc.errno)\n"
+    "def add(a, b):\n    return a + b\n"
+)
+"""Signals to this process's group (pid 0) and to it by number (a negative pid), by os.kill and by libc."""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_signals_to_the_process_group_are_refused(mode):
+    result = run(GROUP_SIGNALS, mode)
+    assert result.status == "ok", result.stderr
+    assert "sent" not in result.stdout and "libc 0" not in result.stdout
+    assert result.stdout.count(f"refused {errno.EPERM}") + result.stdout.count(f"libc -1 {errno.EPERM}") == 4
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_batch_signalling_its_group_scores_like_correct_code_and_keeps_every_slot(mode, caplog):
+    """kill(0, SIGINT) once reached the slot's zygote and the tests' process: slots replaced, tracebacks, 3-5x time."""
+    reward = make_code_execution_reward(
+        timeout_s=5, isolation="unsafe_process" if mode == "process" else mode, concurrency=2
+    )
+    completions = [f"```python\n{GROUP_SIGNALS}```"] * 8
+    with caplog.at_level(logging.WARNING):
+        scores = asyncio.run(
+            reward(prompts=["q"] * 8, completions=completions, tests=[["assert add(1, 2) == 3"]] * 8)
+        )
+    assert scores == [1.0] * 8
+    assert "is replaced" not in caplog.text and "KeyboardInterrupt" not in caplog.text
 
 
 @pytest.mark.skipif("namespaces" not in MODES, reason="this machine cannot create namespaces")

@@ -9,6 +9,8 @@ live under a root-only home, so an unprivileged *new* interpreter is not always 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import shutil
 import stat
@@ -24,9 +26,9 @@ from dna_factory.errors import DnaConfigError
 from rewards import sandbox
 from rewards.code import make_code_execution_reward
 from rewards.registry import RewardConfigError
-from rewards.sandbox import Limits, run_python, sandbox_isolation, sweep_stale_workdirs
+from rewards.sandbox import Limits, bwrap, run_python, sandbox_isolation, sweep_stale_workdirs
 from rewards.sandbox import isolation as isolation_module
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 
 MODES = ["process", *(["namespaces"] if sandbox_isolation().namespaces else [])]
 NOBODY = 65534
@@ -157,13 +159,16 @@ def no_boundary(monkeypatch, tmp_path):
     forgotten (monkeypatch puts this process's own probe back afterwards)."""
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(isolation_module, "_isolation", None)
+    yield
+    bwrap.bwrap_version.cache_clear()  # it may have cached "not installed" from the empty PATH
 
 
 @pytest.mark.parametrize("isolation", ["auto", "namespaces"])
 def test_the_code_reward_refuses_to_start_without_a_boundary(no_boundary, isolation):
     with pytest.raises(RewardConfigError, match="isolation: unsafe_process") as caught:
         make_code_execution_reward(isolation=isolation)
-    assert "unshare" in str(caught.value)
+    # the missing tool, as found (bwrap, or as root util-linux's unshare), with the command that installs it
+    assert "is not installed" in str(caught.value) and isolation_module._isolation.reason in str(caught.value)
 
 
 def test_unsafe_process_is_an_explicit_opt_in_that_warns_once_per_run(no_boundary, caplog):
@@ -205,3 +210,117 @@ def test_a_recipe_without_a_boundary_is_one_error_line_under_dry_run(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "isolation: unsafe_process" in errors[0], errors[0]
+
+
+# --------------------------------------------------------------------------- #36: set-ups that once broke the boundary
+
+SYMLINK_PROBE = (
+    "import sys\nfrom rewards.sandbox import run_python, sandbox_isolation\n"
+    "found = sandbox_isolation()\nresult = run_python('print(6 * 7)', timeout_s=20)\n"
+    "print(sys.executable, found.namespaces, found.reason, result.isolation, result.stdout.strip(), sep='|')\n"
+)
+
+
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the suite runs outside a virtualenv")
+@pytest.mark.skipif("namespaces" not in MODES, reason="this machine cannot create namespaces")
+def test_a_venv_reached_through_a_symlink_builds_the_boundary(tmp_path):
+    """A .venv link to a shared environment: the slot once bound the real path and ran the linked one."""
+    link = tmp_path / "shared-env"
+    link.symlink_to(os.path.realpath(sys.prefix))
+    python = link / "bin" / Path(sys.executable).name
+    proc = subprocess.run(
+        [str(python), "-c", SYMLINK_PROBE], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    executable, namespaces, reason, isolation, stdout = proc.stdout.strip().splitlines()[-1].split("|")
+    assert executable == str(python)  # the interpreter really was reached through the link
+    assert (namespaces, reason, isolation, stdout) == ("True", "", "namespaces", "42")
+
+
+@pytest.fixture
+def failing_bwrap(monkeypatch, tmp_path):
+    """bubblewrap 0.9 installed but unable to start anything (as where user namespaces are forbidden)."""
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 'bubblewrap 0.9.0' && exit 0\n"
+                    "echo 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")  # fmt: skip
+    fake.chmod(0o755)
+    for tool in ("unshare", "mount", "setpriv", "sh"):
+        (tmp_path / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(isolation_module, "_isolation", None)
+    bwrap.bwrap_version.cache_clear()
+    sandbox.pool.close_pool()  # slots already started with the real bwrap would answer the probe
+    yield
+    bwrap.bwrap_version.cache_clear()
+    sandbox.pool.close_pool()
+
+
+def test_a_failing_boundary_is_named_without_blaming_a_missing_bubblewrap(failing_bwrap, caplog):
+    with caplog.at_level("INFO"), pytest.raises(RewardConfigError) as caught:
+        make_code_execution_reward(isolation="auto")
+    message = str(caught.value)
+    assert "Permission denied" in message and "user namespaces" in message
+    assert "apt-get install bubblewrap" not in message and "not installed" not in message
+    # No warning that library calls fall back to plain processes comes before the refusal.
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_auto_never_falls_back_to_running_model_code_as_root(no_boundary, caplog):
+    if os.geteuid() != 0:
+        pytest.skip("the caller is not root")
+    with caplog.at_level("WARNING"):
+        result = run_python("print('ran')", timeout_s=5)
+    assert result.stdout == "" and result.isolation == "auto"
+    assert "does not run model-written code as root" in result.sandbox_error
+    assert sandbox_isolation().reason in result.sandbox_error  # the real cause
+    assert "plain processes" not in caplog.text
+    explicit = run_python("print('ran')", timeout_s=5, isolation="process")  # asked for by name: allowed
+    assert explicit.stdout == "ran\n"
+
+
+def test_an_unprivileged_caller_falls_back_to_plain_processes():
+    """The fallback's decision, taken in a fork that dropped to nobody (no new interpreter: see _as_nobody)."""
+
+    found = isolation_module.Isolation(False, "bubblewrap (bwrap) is not installed", missing_tool=True)
+
+    def decide():
+        assert isolation_module.auto_fallback(found) is None and isolation_module.auto_fallback(found) is None
+        assert isolation_module._warned_fallback
+
+    assert _as_nobody(decide) == (0, "")
+    assert isolation_module.auto_fallback(found) is not None  # this (root) process: refused
+
+
+SLOT_UIDS = (
+    "import sys\nfrom rewards.sandbox import pool, run_python\n"
+    "assert run_python('print(1)', timeout_s=20, isolation='namespaces').stdout == '1\\n'\n"
+    "def uid(pid):\n"
+    "    return next(int(l.split()[1]) for l in open(f'/proc/{pid}/status') if l.startswith('Uid:'))\n"
+    "import time\nend = time.monotonic() + 30\n"
+    "while not pool.pool()._free and time.monotonic() < end:  # the used slot is being made ready again\n"
+    "    time.sleep(0.05)\n"
+    "print(sorted(uid(s.process.pid) for s in pool.pool()._free))\n"  # a JSON list
+)
+"""Run once in the namespaces, then print the host uids the process's idle slots run as."""
+
+
+@pytest.mark.skipif("namespaces" not in MODES, reason="this machine cannot create namespaces")
+def test_slot_uids_are_unique_across_trainer_processes():
+    """Two trainers on one host: per-uid kernel counters (inotify instances, ...) must not be shared."""
+    if os.geteuid() != 0:
+        pytest.skip("an unprivileged caller's slots all run as its own uid")
+    first = subprocess.Popen(
+        [sys.executable, "-c", SLOT_UIDS + "sys.stdout.flush()\nsys.stdin.read()\n"],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        held = json.loads(first.stdout.readline())
+        second = subprocess.run(
+            [sys.executable, "-c", SLOT_UIDS], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+        assert second.returncode == 0, second.stderr[-3000:]
+        other = json.loads(second.stdout.strip().splitlines()[-1])
+    finally:
+        first.stdin.close()
+        first.wait(timeout=60)
+    assert held and other and not set(held) & set(other), (held, other)

@@ -118,7 +118,7 @@ def test_an_unprivileged_caller_builds_the_boundary(caller):
     report = caller(
         [{"code": "import os\nprint(os.getuid(), sum(name.isdigit() for name in os.listdir('/proc')))"}]
     )
-    assert report["isolation"] == {"namespaces": True, "reason": ""}
+    assert report["isolation"] == {"namespaces": True, "reason": "", "missing_tool": False}
     (result,) = report["results"]
     assert result["status"] == "ok", result["stderr"]
     assert result["isolation"] == "namespaces"
