@@ -28,7 +28,8 @@ verdict. With stdin/stdout cases it runs as ``__main__`` and its output is compa
 A string holding JSON (``"[...]"`` or ``"{...}"``) is decoded first, so datasets that store
 tests as JSON text work. Outputs match when they are equal after stripping trailing whitespace
 from every line and trailing blank lines. ``setup_column`` (e.g. MBPP's ``test_setup_code``)
-holds code run after the program and before the tests.
+holds code run before the tests in the tests' process (after the program, for stdin cases), where
+the program can neither see nor rewrite what it defines.
 
 Per completion the reward is None when the row has no tests (missing, empty) or when the
 sandbox itself failed (logged); 0.0 when the completion has no code; otherwise passed / total.
@@ -225,8 +226,7 @@ class CodeExecutionReward(Reward):
         code = extract_code(answer, self.code_block) if answer is not None else None
         if code is None:
             return _Outcome(0.0, [], has_code=False)
-        if isinstance(setup, str) and setup.strip():
-            code = f"{code}\n\n{setup}\n"
+        setup = setup if isinstance(setup, str) and setup.strip() else None
         runs: list[ExecutionResult] = []
         passed = 0
         if suite.snippets:
@@ -234,6 +234,7 @@ class CodeExecutionReward(Reward):
                 result = await run_python_async(
                     code,
                     tests=suite.snippets,
+                    setup=setup,  # on the tests' side: the program cannot rewrite the helpers they call
                     timeout_s=self.timeout_s,
                     limits=self.limits,
                     isolation=self.isolation,
@@ -241,10 +242,12 @@ class CodeExecutionReward(Reward):
             runs.append(result)
             passed += sum(result.tests_passed or ())
 
+        script = f"{code}\n\n{setup}\n" if setup else code  # a stdin/stdout case has no tests' side
+
         async def case(stdin: str) -> ExecutionResult:
             async with semaphore:
                 return await run_python_async(
-                    code, stdin, timeout_s=self.timeout_s, limits=self.limits, isolation=self.isolation
+                    script, stdin, timeout_s=self.timeout_s, limits=self.limits, isolation=self.isolation
                 )
 
         case_runs = await asyncio.gather(*(case(stdin) for stdin, _ in suite.cases))
@@ -317,8 +320,9 @@ def make_code_execution_reward(
             columns whose tests all run (CodeContests' hidden tests: ``[private_tests, generated_tests]``).
             Reward tests the prompt does not show: a program that prints the shown outputs passes shown
             tests (``--dry_run`` warns when a tests column is in the prompt).
-        setup_column: A column of code run after the program and before the tests (e.g. MBPP's
-            ``test_setup_code``); None for none.
+        setup_column: A column of code run before the tests (e.g. MBPP's ``test_setup_code``), in the
+            tests' process, so the program cannot rewrite the helpers it defines (for stdin/stdout cases,
+            after the program); None for none.
         entry_point_column: The column naming the function a HumanEval ``check(candidate)``
             script tests; read when the batch has it.
         code_block: Which fenced Python block is the program: ``last``, ``first``, ``all``, or

@@ -186,6 +186,7 @@ async def run_python_async(
     stdin: str | bytes | None = None,
     *,
     tests: Sequence[str] | None = None,
+    setup: str | None = None,
     timeout_s: float = 10.0,
     limits: Limits | None = None,
     isolation: str = "auto",
@@ -202,6 +203,8 @@ async def run_python_async(
             :mod:`rewards.sandbox.channel` (plain values only). A test passes when it runs to its end;
             the tests' process reports each pass on a private pipe with a random nonce the program's
             process never holds. With tests, the exit status is 0 only when every test passed.
+        setup: Code the tests' process runs before the tests, in their namespace (e.g. MBPP's
+            ``test_setup_code``): the program can neither see nor rewrite what it defines. Needs ``tests``.
         timeout_s: Wall-clock seconds before the process group is killed.
         limits: Resource limits; :class:`Limits` defaults when None.
         isolation: ``auto`` (namespaces when :func:`sandbox_isolation` finds them), ``namespaces``
@@ -224,6 +227,8 @@ async def run_python_async(
     """
     if isolation not in ISOLATIONS:
         raise ValueError(f"Unknown sandbox isolation {isolation!r}. Use one of: {', '.join(ISOLATIONS)}.")
+    if setup is not None and tests is None:
+        raise ValueError("Sandbox setup runs in the tests' process: give tests too (or put it in the code).")
     if not timeout_s > 0:
         raise ValueError(
             f"Sandbox timeout_s={timeout_s!r} is not positive. Give a number of seconds above 0."
@@ -246,7 +251,11 @@ async def run_python_async(
         "seccomp": seccomp,
         "site_packages": slot.site_packages(),
     }
-    verdict = {"nonce": nonce, "tests": list(tests) if tests is not None else None}  # the tests' process only
+    verdict = {  # the tests' process only
+        "nonce": nonce,
+        "tests": list(tests) if tests is not None else None,
+        "setup": setup,
+    }
     if namespaces:
         env = {**_SANDBOX_ENV, "HOME": bwrap.WORKDIR, "TMPDIR": "/tmp"}
         try:
@@ -344,6 +353,7 @@ def run_python(
     stdin: str | bytes | None = None,
     *,
     tests: Sequence[str] | None = None,
+    setup: str | None = None,
     timeout_s: float = 10.0,
     limits: Limits | None = None,
     isolation: str = "auto",
@@ -356,8 +366,9 @@ def run_python(
         'error'
     """
     coroutine = run_python_async(
-        code, stdin, tests=tests, timeout_s=timeout_s, limits=limits, isolation=isolation, seccomp=seccomp
-    )
+        code, stdin, tests=tests, setup=setup, timeout_s=timeout_s, limits=limits, isolation=isolation,
+        seccomp=seccomp,
+    )  # fmt: skip
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -220,8 +220,16 @@ def program_side(config: dict, diagnostics: Channel, requests: int | None, answe
     return 0
 
 
-def tests_side(tests: list[str], channel: Channel, requests: int, answers: int) -> int:
-    """The tests' process after :func:`confine`: run each test against the program's globals, report passes."""
+def tests_side(
+    tests: list[str], channel: Channel, requests: int, answers: int, setup: str | None = None
+) -> int:
+    """The tests' process after :func:`confine`: run the set-up, then each test against the program's globals,
+    report passes.
+
+    ``setup`` (e.g. MBPP's ``test_setup_code``) runs here, in the tests' namespace after the program's globals,
+    so what it defines is the tests' own: the program can neither see nor rewrite it. A set-up that raises
+    fails every test.
+    """
     link = wire.Link(requests, answers)
     try:
         names, shadows = link.globals()
@@ -230,6 +238,18 @@ def tests_side(tests: list[str], channel: Channel, requests: int, answers: int) 
         return 1
     channel.send("loaded")
     namespace = {**names, "__name__": "__test__", "__builtins__": builtins}
+    if setup:
+        before = dict(namespace)
+        try:
+            exec(compile(setup, "<test set-up>", "exec"), namespace)  # noqa: S102 - the row's own set-up
+        except BaseException as exc:  # noqa: BLE001 - a failing set-up fails the tests, it does not crash
+            channel.send("exception", type(exc).__name__)
+            print("--- the test set-up failed ---", file=sys.stderr)
+            traceback.print_exc()
+            return 1
+        # What the set-up (re)defined is the tests' own: no program value under that name comes back.
+        defined = {name for name, value in namespace.items() if before.get(name, _MISSING) is not value}
+        shadows = {name: value for name, value in shadows.items() if name not in defined}
     failed = 0
     for index, test in enumerate(tests):
         visible = wire.shadows_for(test, names.keys() - shadows.keys(), shadows)
@@ -364,7 +384,7 @@ def _start_program(config: dict, keep: tuple[int, ...], drop: tuple[int, ...], p
 
 
 def _start_tests(
-    config: dict, tests: list[str], channel: Channel, requests: int, answers: int, drop: int
+    config: dict, verdict: dict, channel: Channel, requests: int, answers: int, drop: int
 ) -> int:
     """Fork the tests' process (stdin from ``/dev/null``); in it, confine and run the tests; never returns there."""
     pid = os.fork()
@@ -381,7 +401,7 @@ def _start_tests(
         channel.send("setup_error", f"tests: {exc}")
         os._exit(SETUP_FAILED)
     audit.install(config, channel)
-    sys.exit(tests_side(tests, channel, requests, answers))
+    sys.exit(tests_side(verdict["tests"], channel, requests, answers, verdict.get("setup")))
 
 
 def exit_as_interpreter(exc: SystemExit) -> None:
@@ -453,7 +473,7 @@ def run(config: dict, verdict_fd: int, result_fd: int) -> None:
     tests = None
     if testing:
         tests = _start_tests(
-            config, verdict["tests"], channel, requests[1], answers[0], (diagnostics_read, gate_write)
+            config, verdict, channel, requests[1], answers[0], (diagnostics_read, gate_write)
         )
         os.close(requests[1])
         os.close(answers[0])

@@ -2,7 +2,8 @@
 
 With tests, :mod:`rewards.sandbox.boot` runs the program in one sandboxed process and the tests in another
 that never executes the program's code. The test side sees the program's globals as :class:`Remote`
-proxies: calling one, reading an attribute, iterating, ``len``, ``[]``, ``bool`` and ``str`` are
+proxies (modules the program imported are the test side's own copies, from the standard library or
+``site-packages``): calling one, reading an attribute, iterating, ``len``, ``[]``, ``bool`` and ``str`` are
 requests over a pipe, answered by :func:`serve` in the program's process (``in`` iterates, so the test side
 compares each item itself). Only plain values cross, as
 newline-delimited JSON with tags, and each is rebuilt on the test side from the standard types:
@@ -327,6 +328,57 @@ def _stdlib_module(name: Any) -> types.ModuleType | None:
         return None
 
 
+THIRD_PARTY_ALIASES = {
+    "np": "numpy",
+    "pd": "pandas",
+    "plt": "matplotlib.pyplot",
+    "sp": "scipy",
+    "nx": "networkx",
+    "sns": "seaborn",
+    "tf": "tensorflow",
+}
+"""The conventional names of third-party modules: a program value under one of them is a shadow (like a fake
+``math``), and the tests get the installed module."""
+
+
+def _site_dirs() -> list[str]:
+    return [
+        os.path.realpath(path)
+        for path in sys.path
+        if isinstance(path, str) and ("site-packages" in path or "dist-packages" in path)
+    ]
+
+
+def _installed_module(name: Any) -> types.ModuleType | None:
+    """``name`` imported on the test side when it is installed in the interpreter's own ``site-packages`` (the
+    tests' own copy of what the program imported, as for the standard library), never from a path the program
+    could write to."""
+    if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
+        return None
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        spec = importlib.util.find_spec(name.split(".")[0])
+    except (ImportError, ValueError):
+        return None
+    locations = [getattr(spec, "origin", None), *(getattr(spec, "submodule_search_locations", None) or ())]
+    sites = _site_dirs()
+    if spec is None or not any(
+        isinstance(where, str) and any(os.path.realpath(where).startswith(site + os.sep) for site in sites)
+        for where in locations
+    ):
+        return None
+    try:
+        return importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - a module that does not import here is not given to the tests
+        return None
+
+
+def trusted_module(name: Any) -> types.ModuleType | None:
+    """The test side's own copy of module ``name``: from the standard library or ``site-packages``, else None."""
+    return _stdlib_module(name) or _installed_module(name)
+
+
 class Link:
     """The test side of the channel: sends requests, rebuilds answers, keeps one :class:`Remote` per handle."""
 
@@ -378,8 +430,8 @@ class Link:
             if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
                 continue
             module = entry.get("module") if isinstance(entry, dict) else None
-            if isinstance(module, str):  # the test side's own copy of a standard-library module
-                found = _stdlib_module(module)
+            if isinstance(module, str):  # the test side's own copy of a standard-library or installed module
+                found = trusted_module(module)
                 if found is not None:
                     result[name] = found
                 continue
@@ -387,11 +439,12 @@ class Link:
                 value = decode(entry.get("value") if isinstance(entry, dict) else None, self.remote)
             except (CannotCross, RecursionError, ValueError, TypeError):
                 continue
-            if hasattr(builtins, name) or name in sys.stdlib_module_names:
-                # Shadows a built-in or a standard-library module (a fake ``math``): visible only as a function
-                # under test (shadows_for); otherwise the tests get the real one.
+            if hasattr(builtins, name) or name in sys.stdlib_module_names or name in THIRD_PARTY_ALIASES:
+                # Shadows a built-in, a standard-library module (a fake ``math``) or a third-party module's usual
+                # name (a fake ``np`` whose allclose says yes): visible only as a function under test
+                # (shadows_for); otherwise the tests get the real one.
                 shadows[name] = value
-                found = _stdlib_module(name)
+                found = trusted_module(THIRD_PARTY_ALIASES.get(name, name))
                 if found is not None:
                     result[name] = found
             else:

@@ -282,3 +282,65 @@ def test_program_exit_or_crash_mid_tests_fails_the_rest():
 def test_a_lone_surrogate_in_the_program_is_its_error_not_the_callers(isolation):
     result = run_python("print('\\ud800' + '\ud800')", timeout_s=20, isolation=isolation)
     assert result.status == "error" and result.sandbox_error is None
+
+
+# --------------------------------------------------------------------------- #36: third-party modules and set-up
+
+NUMPY_TESTS = ["assert np.allclose(double([1, 2]), [2, 4])", "assert np.allclose(double([0.5]), [1.0])"]
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_tests_use_their_own_copy_of_a_third_party_module_the_program_imported(isolation):
+    """Once the tests never got numpy (correct code 0.0) and a program's own ``np`` crossed as a proxy (1.0)."""
+    pytest.importorskip("numpy")
+    correct = "import numpy as np\ndef double(xs):\n    return [float(x) for x in np.array(xs) * 2]\n"
+    assert _score(correct, NUMPY_TESTS, isolation) == 1.0
+    fake_object = (
+        "class Anything:\n    def allclose(self, *args, **kwargs):\n        return True\n"
+        "np = Anything()\ndef double(xs):\n    return [0.0]\n"
+    )
+    assert _score(fake_object, NUMPY_TESTS, isolation) == 0.0
+    fake_module = (
+        "import types\nnp = types.ModuleType('numpy')\nnp.allclose = lambda *args, **kwargs: True\n"
+        "def double(xs):\n    return [0.0]\n"
+    )
+    assert _score(fake_module, NUMPY_TESTS, isolation) == 0.0
+    written = "open('numpy.py', 'w').write('allclose = lambda *a, **k: True')\nimport sys\nsys.path.insert(0, '.')\n"
+    written += "import importlib; np = importlib.import_module('numpy')\ndef double(xs):\n    return [0.0]\n"
+    assert _score(written, NUMPY_TESTS, isolation) == 0.0
+
+
+SETUP = "def check(value):\n    return value == 3\n"
+
+
+def _score_with_setup(program: str, isolation: str) -> float | None:
+    reward = make_code_execution_reward(timeout_s=20, isolation=isolation, setup_column="test_setup_code")
+    completion = f"```python\n{program}\n```"
+    tests = [["assert check(add(1, 2))", "assert check(add(2, 1))"]]
+    return asyncio.run(reward(prompts=["q"], completions=[completion], tests=tests, test_setup_code=[SETUP]))[
+        0
+    ]
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_set_up_code_runs_where_the_program_cannot_rewrite_it(isolation):
+    """MBPP's test_setup_code once ran after the program, on its side: the helper the tests call could be
+    rewritten by the code under test (wrong code scored 1.0)."""
+    assert _score_with_setup("def add(a, b):\n    return a + b\n", isolation) == 1.0
+    rewrites = (
+        "def add(a, b):\n    check.__code__ = (lambda value: value == 0).__code__\n    return 0\n",
+        "import builtins\ndef add(a, b):\n    builtins.check = lambda value: True\n    return 0\n",
+        "def check(value):\n    return True\ndef add(a, b):\n    return 0\n",
+    )
+    for program in rewrites:
+        assert _score_with_setup(program, isolation) == 0.0, program
+
+
+def test_a_failing_set_up_fails_every_test():
+    result = run_python(
+        "def add(a, b):\n    return a + b\n", tests=["assert add(1, 2) == 3"], setup="raise ValueError('set-up')",
+        timeout_s=20,
+    )  # fmt: skip
+    assert result.tests_passed == (False,) and "the test set-up failed" in result.stderr
+    with pytest.raises(ValueError, match="give tests too"):
+        run_python("pass", setup="x = 1")
