@@ -293,6 +293,9 @@ NUMPY_TESTS = ["assert np.allclose(double([1, 2]), [2, 4])", "assert np.allclose
 def test_tests_use_their_own_copy_of_a_third_party_module_the_program_imported(isolation):
     """Once the tests never got numpy (correct code 0.0) and a program's own ``np`` crossed as a proxy (1.0)."""
     pytest.importorskip("numpy")
+    if run_python("import numpy", timeout_s=20, isolation=isolation.removeprefix("unsafe_")).status != "ok":
+        # A venv under /tmp (a clone there) is hidden by each run's own /tmp: no third-party module imports.
+        pytest.skip("the sandbox cannot import numpy here (the virtualenv lies under /tmp)")
     correct = "import numpy as np\ndef double(xs):\n    return [float(x) for x in np.array(xs) * 2]\n"
     assert _score(correct, NUMPY_TESTS, isolation) == 1.0
     fake_object = (
