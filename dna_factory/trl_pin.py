@@ -32,7 +32,9 @@ TOUCH_POINTS = (
     TouchPoint(
         "dna_factory/distill/trainers.py",
         "DistillationTrainer._generate_and_score_completions (overridden; its output keys), _metrics, "
-        "trl.trainer.utils.add_fused_lm_head (log_probs shifted by one)",
+        "_compute_loss (overridden, falls back to super()), _get_last_hidden_state, _forward_redirection, "
+        "beta, temperature, teacher_model, trl.trainer.utils.add_fused_lm_head (log_probs shifted by one) and "
+        "maybe_gather_lm_head_ctx",
         "tests/test_distill.py::test_trl_canary",
     ),
     TouchPoint(

@@ -634,14 +634,20 @@ def _wait_until_generating(base: str, bound_s: float = 60) -> None:
     pause that follows lands mid-generation on a fast machine and a loaded one alike (a fixed sleep did not: CI saw
     every request finished, or not yet admitted, at the pause)."""
     deadline = time.monotonic() + bound_s
+    seen = {}
     while time.monotonic() < deadline:
         with urllib.request.urlopen(base + "/metrics", timeout=30) as response:
             metrics = response.read().decode()
         running = re.findall(r"^vllm:num_requests_running\{[^}]*\} ([0-9.]+)$", metrics, re.MULTILINE)
         if any(float(value) > 0 for value in running):
             return
+        for name in ("num_requests_running", "num_requests_waiting", "num_requests_swapped"):
+            seen[name] = re.findall(rf"^vllm:{name}\{{[^}}]*\}} ([0-9.]+)$", metrics, re.MULTILINE)
         time.sleep(0.01)
-    pytest.fail(f"the server ran no request within {bound_s} s")
+    # What the server said last (a paused server keeps requests waiting; an idle one shows none at all).
+    pytest.fail(
+        f"the server ran no request within {bound_s} s; last /metrics: {seen}, paused: {server_paused(base)}"
+    )
 
 
 def _post_server(base: str, path: str) -> str:

@@ -122,6 +122,28 @@ def test_trl_canary():
     fused = inspect.getsource(add_fused_lm_head)
     assert "labels = labels[:, 1:]" in fused and "lm_head_multiplier" in fused and "logits_scaling" in fused
     assert "log_probs" in FusedCausalLMOutput.__dataclass_fields__
+    # The fused losses (trainers._compute_loss / _fused_sampled_token_loss): TRL's hidden-state helper, the
+    # forward redirection through the DDP/FSDP wrapper, the ZeRO-3 head gather, and _compute_loss's contract.
+    assert list(inspect.signature(D._get_last_hidden_state).parameters)[:5] == [
+        "self",
+        "unwrapped_model",
+        "input_ids",
+        "attention_mask",
+        "logits_to_keep",
+    ]
+    init = inspect.getsource(D.__init__)
+    assert "self._forward_redirection = _ForwardRedirection()" in init
+    assert "self.beta = args.beta" in init and "self.temperature = args.temperature" in init
+    assert list(inspect.signature(D._compute_loss).parameters) == [
+        "self",
+        "unwrapped_student",
+        "inputs",
+        "num_items_in_batch",
+    ]
+    assert "return loss, entropy_sum.detach(), n_valid" in inspect.getsource(D._compute_loss)
+    from trl.trainer.utils import maybe_gather_lm_head_ctx
+
+    assert list(inspect.signature(maybe_gather_lm_head_ctx).parameters) == ["params"]
     # teacher_server.BoundedClient: check_server runs before the client's first request (/v1/models).
     init = inspect.getsource(VLLMClient.__init__)
     assert "self.session = requests.Session()" in init

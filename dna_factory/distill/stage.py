@@ -209,7 +209,8 @@ STUDENT_GENERATION_DEFAULTS = {
 
 TRL passes ``temperature``, ``top_p``, ``top_k`` and ``repetition_penalty`` to HF generation explicitly, but
 leaves these unset (``min_p`` too unless the recipe sets it), and transformers' ``generate`` fills every unset
-key from the model's own generation_config.json (``_prepare_generation_config``, pinned by a canary test)."""
+key from the model's own generation_config.json (transformers' ``_prepare_generation_config``, pinned by
+tests/test_distill_alignment.py)."""
 
 
 def _student_generation_config(cfg: ResolvedConfig) -> dict:
