@@ -40,12 +40,18 @@ count over the whole step: sampling, teacher, forward/backward, optimizer). Serv
 adds ``opd/reverse_kl_mean`` and ``opd/reverse_kl_std`` (mean and standard deviation of
 ``d_t`` over the step's tokens) and ``time/teacher_s`` (wall time of teacher scoring).
 
+Both losses are trained fused by default (:mod:`dna_factory.distill.fused_loss`: the gradient is
+formed in the forward, one vocabulary projection per model; ``fused_loss: false`` trains TRL's
+kernels, as do vision-language inputs and a sharded head that trains).
+
 TRL touch points — private API of TRL 1.16.0, all in this module and
 :mod:`dna_factory.distill.teacher_server`, guarded by ``tests/test_distill.py::test_trl_canary``:
 ``DistillationTrainer._generate_and_score_completions`` (overridden, calls ``super()``; its
 output keys ``prompt_ids``, ``prompt_mask``, ``completion_ids``, ``completion_mask``,
-``num_items_in_batch``), ``._metrics``, ``trl.trainer.utils.add_fused_lm_head`` (its
-``fused_lm_head=True`` forward returning ``log_probs`` shifted by one), and
+``num_items_in_batch``), ``._compute_loss`` (overridden, falls back to ``super()``),
+``._get_last_hidden_state``, ``._forward_redirection``, ``._metrics``,
+``trl.trainer.utils.add_fused_lm_head`` (its ``fused_lm_head=True`` forward returning
+``log_probs`` shifted by one) and ``maybe_gather_lm_head_ctx``, and
 ``VLLMClient.get_sequence_logprobs``'s ``actual_logprobs``.
 """
 
