@@ -76,6 +76,12 @@ TOUCH_POINTS = (
         "tests/test_agents.py::test_trl_canary",
     ),
     TouchPoint(
+        "dna_factory/filter/tool.py",
+        "trl.trainer.utils.is_async_callable, which GRPOTrainer uses to tell async reward functions (awaited) "
+        "from sync ones; the filter calls rewards the same way",
+        "tests/test_filter_tasks.py::test_trl_canary_is_async_callable",
+    ),
+    TouchPoint(
         "dna_factory/preview.py",
         "SFTTrainer._prepare_dataset on a stand-in holding the three attributes TRL reads",
         "tests/test_preview.py::test_canary_sft_preview_tokenizes_exactly_as_a_real_sft_trainer",

@@ -361,3 +361,25 @@ def test_written_files_follow_the_umask(umask, mode, tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "kept.jsonl").stat().st_mode & 0o777 == mode
+
+
+def test_trl_canary_is_async_callable():
+    """dna_factory/filter/tool.py calls rewards as GRPOTrainer does, awaiting those TRL's is_async_callable names."""
+    import inspect
+
+    from trl import GRPOTrainer
+    from trl.trainer.utils import is_async_callable
+
+    async def coroutine_reward(**kwargs):
+        return []
+
+    class AsyncReward:
+        async def __call__(self, **kwargs):
+            return []
+
+    def sync_reward(**kwargs):
+        return []
+
+    assert is_async_callable(coroutine_reward) and is_async_callable(AsyncReward())
+    assert not is_async_callable(sync_reward)
+    assert "is_async_callable(" in inspect.getsource(GRPOTrainer)

@@ -49,3 +49,31 @@ def test_every_module_that_says_it_touches_trl_privates_is_listed():
     assert found <= listed, (
         f"touch TRL privates but are not in dna_factory/trl_pin.py: {sorted(found - listed)}"
     )
+
+
+PRIVATE_MODULES = ("trl.trainer.utils", "trl.models.utils", "trl.kernels")
+"""TRL modules of internal helpers (not exported by ``trl`` itself): importing from one is a touch point."""
+
+
+def _private_imports(path) -> list[str]:
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "trl":
+            names = [alias.name for alias in node.names]
+            if node.module.startswith(PRIVATE_MODULES) or any(name.startswith("_") for name in names):
+                found.append(f"{node.module}: {', '.join(names)}")
+    return found
+
+
+def test_every_module_that_imports_trl_internals_is_listed():
+    """Seen from the code, not only from what a docstring says: filter/tool.py once imported
+    trl.trainer.utils.is_async_callable and no canary watched it."""
+    listed = {point.module for point in TOUCH_POINTS}
+    unlisted = {
+        path.relative_to(REPO).as_posix(): imports
+        for path in (REPO / "dna_factory").rglob("*.py")
+        if (imports := _private_imports(path)) and path.relative_to(REPO).as_posix() not in listed
+    }
+    assert not unlisted, f"import TRL internals but are not in dna_factory/trl_pin.py: {unlisted}"
