@@ -38,6 +38,7 @@ import queue
 import signal
 import socket
 import struct
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -84,8 +85,18 @@ def _lease(index: int) -> tuple[bool, int | None]:
     """
     if os.geteuid() != 0:
         return True, None  # every slot runs as this user's uid: nothing to share out
-    os.makedirs(LEASE_DIR, mode=0o700, exist_ok=True)
-    fd = os.open(os.path.join(LEASE_DIR, str(index)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = None
+    for folder in (LEASE_DIR, os.path.join(tempfile.gettempdir(), "dna-sandbox-slots")):
+        try:  # /run may be missing or read-only in a container: the temp dir is the fallback every trainer uses
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            fd = os.open(os.path.join(folder, str(index)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            break
+        except OSError:
+            continue
+    if fd is None:
+        raise SlotError(
+            f"cannot lease sandbox slot {index}: neither {LEASE_DIR} nor the temp dir is writable"
+        )
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -324,3 +324,27 @@ def test_slot_uids_are_unique_across_trainer_processes():
         first.stdin.close()
         first.wait(timeout=60)
     assert held and other and not set(held) & set(other), (held, other)
+
+
+def test_slot_leases_fall_back_to_the_temp_dir_where_run_is_not_writable(monkeypatch):
+    """A container without a writable /run: the lease still holds host-wide (the temp dir every trainer uses)."""
+    if os.geteuid() != 0:
+        pytest.skip("an unprivileged caller's slots lease nothing")
+    import fcntl
+
+    monkeypatch.setattr(sandbox.pool, "LEASE_DIR", "/proc/dna-sandbox-slots")  # cannot be created
+    free, fd = sandbox.pool._lease(4000)
+    try:
+        path = Path(tempfile.gettempdir(), "dna-sandbox-slots", "4000")
+        assert free and fd is not None and path.is_file()
+        other = os.open(path, os.O_RDWR)  # another open file description, as another trainer's
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(other)
+    finally:
+        os.close(fd)
+    free, fd = sandbox.pool._lease(4000)  # released with its descriptor
+    os.close(fd)
+    assert free
