@@ -629,10 +629,11 @@ def _complete(base: str, max_tokens: int) -> dict:
         return json.loads(response.read())["choices"][0]
 
 
-def _wait_until_generating(base: str, bound_s: float = 60) -> None:
+def _wait_until_generating(base: str, all_done=lambda: False, bound_s: float = 60) -> bool:
     """Poll the server's Prometheus ``/metrics`` until it runs a request (bounded: a failure guard), so that a
     pause that follows lands mid-generation on a fast machine and a loaded one alike (a fixed sleep did not: CI saw
-    every request finished, or not yet admitted, at the pause)."""
+    every request finished, or not yet admitted, at the pause). False when ``all_done()`` says every request the
+    caller sent has finished first (CI saw a whole batch of the tiny model end between two polls)."""
     deadline = time.monotonic() + bound_s
     seen = {}
     while time.monotonic() < deadline:
@@ -640,7 +641,9 @@ def _wait_until_generating(base: str, bound_s: float = 60) -> None:
             metrics = response.read().decode()
         running = re.findall(r"^vllm:num_requests_running\{[^}]*\} ([0-9.]+)$", metrics, re.MULTILINE)
         if any(float(value) > 0 for value in running):
-            return
+            return True
+        if all_done():
+            return False
         for name in ("num_requests_running", "num_requests_waiting", "num_requests_swapped"):
             seen[name] = re.findall(rf"^vllm:{name}\{{[^}}]*\}} ([0-9.]+)$", metrics, re.MULTILINE)
         time.sleep(0.01)
@@ -762,18 +765,28 @@ def test_rollout_child_resubmits_a_completion_the_server_aborted(vllm_server):
         loop.vllm_server_url, loop._counters = base, defaultdict(float)
         async with aiohttp.ClientSession() as session:
             loop.session = session
-            requests = [asyncio.create_task(loop._post("/v1/completions", body, 300)) for _ in range(n)]
-            await asyncio.to_thread(_wait_until_generating, base)
-            in_flight = sum(not r.done() for r in requests)
+            # A batch the server ends between two polls (a fast tiny model) is sent again, larger: a longer queue
+            # (--max-num-seqs 16) keeps the server busy for longer; at most three rounds.
+            for count in (n, 2 * n, 4 * n):
+                requests = [
+                    asyncio.create_task(loop._post("/v1/completions", body, 300)) for _ in range(count)
+                ]
+                generating = await asyncio.to_thread(
+                    _wait_until_generating, base, lambda batch=requests: all(r.done() for r in batch)
+                )
+                in_flight = sum(not r.done() for r in requests)
+                if generating and in_flight:
+                    break
+                await asyncio.gather(*requests)
             await asyncio.to_thread(_post_server, base, "/pause")  # vLLM's default: mode=abort
             await asyncio.to_thread(_post_server, base, "/resume")
-            return await asyncio.gather(*requests), dict(loop._counters), in_flight
+            return await asyncio.gather(*requests), dict(loop._counters), in_flight, count
 
-    contents, counters, in_flight = asyncio.run(scenario())
+    contents, counters, in_flight, count = asyncio.run(scenario())
     assert in_flight > 0, "every request finished before the abort: the test proves nothing, lengthen it"
     choices = [content["choices"][0] for content in contents]
-    assert [c["finish_reason"] for c in choices] == ["length"] * n
-    assert [len(c["token_ids"]) for c in choices] == [length] * n
+    assert [c["finish_reason"] for c in choices] == ["length"] * count
+    assert [len(c["token_ids"]) for c in choices] == [length] * count
     assert counters.get("rollout/aborted_total", 0) >= 1, "no request was aborted: the test proves nothing"
 
 
