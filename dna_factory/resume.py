@@ -10,7 +10,7 @@ output dir holds the same fingerprint from the moment a run's checks passed. Bef
   steps is not trained again: :class:`AlreadyFinished`;
 * the newest checkpoint without ``trainer_state.json`` (what a kill during a save leaves; Transformers
   writes that file last) is skipped, with a warning, for the newest complete one;
-* a fingerprint that differs (another stage, changed keys) is refused with the keys that differ, unless
+* a fingerprint that differs (another stage, changed keys, an edited dataset file, another world size) is refused with the keys that differ, unless
   the user resumes explicitly with ``--allow_config_change``.
 """
 
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dna_factory.errors import DnaConfigError
+from dna_factory.input_fingerprint import input_differences, inputs
 from dna_factory.run_files import LOG_HISTORY, RUN_SUMMARY, read_json, write_atomic
 
 logger = logging.getLogger(__name__)
@@ -73,7 +74,8 @@ def _plain(key: str, value: Any) -> Any:
 
 
 def fingerprint(stage: str, values: dict[str, Any], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The stage and the effective value of every key that changes the optimisation, as plain JSON values.
+    """The stage and the effective value of every key that changes the optimisation, as plain JSON values,
+    with the run's inputs (its dataset files' contents and the world size: :mod:`dna_factory.input_fingerprint`).
 
     ``values`` are the keys a layer set; ``defaults`` the dataclass defaults of the others, used where the two
     runs' layers set different keys (a key set to its default is no change).
@@ -84,11 +86,13 @@ def fingerprint(stage: str, values: dict[str, Any], defaults: dict[str, Any] | N
         "stage": stage,
         "keys": json.loads(json.dumps(keys, default=str)),
         "defaults": json.loads(json.dumps(plain_defaults, default=str)),
+        "inputs": inputs(values),
     }
 
 
 def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``key: was -> now`` for each key whose effective value differs (``unset``: neither run knows a value)."""
+    """``key: was -> now`` for each key whose effective value differs (``unset``: neither run knows a value), then
+    each input that differs (a dataset file's contents, the world size)."""
     before, after = old.get("keys", {}), new.get("keys", {})
     fallback = {**old.get("defaults", {}), **new.get("defaults", {})}
     lines = []
@@ -96,7 +100,7 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         was, now = before.get(key, fallback.get(key, "unset")), after.get(key, fallback.get(key, "unset"))
         if was != now:
             lines.append(f"{key}: {_short(was)} -> {_short(now)}")
-    return lines
+    return lines + input_differences(old.get("inputs"), new.get("inputs"))
 
 
 def _short(value: Any) -> str:

@@ -32,6 +32,16 @@ def test_two_process_cpu_training(config, tmp_path, tiny_model):
     summary = json.loads((out / "run_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_step"] == 2
     assert (out / "model.safetensors").is_file()
+    if "ddp" in config:  # #35 item 4: one process resuming a two-process run trains another global batch
+        alone = run_cli(
+            "sft.py", "--config", "configs/sft/tiny-cpu.yaml", "--max_steps", "3", "--output_dir", str(out)
+        )
+        errors = [line for line in alone.stderr.splitlines() if line.startswith("error: ")]
+        assert alone.returncode == 2 and len(errors) == 1, alone.stderr[-3000:]
+        assert "world_size (processes): 2 -> 1" in errors[0] and "--allow_config_change" in errors[0], errors[
+            0
+        ]
+        assert json.loads((out / "run_summary.json").read_text())["global_step"] == 2
 
 
 @pytest.mark.timeout(600)

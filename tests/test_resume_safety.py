@@ -431,3 +431,65 @@ def test_only_a_full_disk_under_the_output_dir_reads_as_one(finished_run):
     )
     line = disk_full_message(own, finished_run)
     assert line and f"{finished_run / 'checkpoint-2'} is the last complete checkpoint" in line, line
+
+
+# --------------------------------------------------------------------------- #35 item 4: data and world
+
+
+def test_an_edited_dataset_file_refuses_resume_a_touched_one_does_not(tmp_path, tiny_model):
+    data = tmp_path / "arith.jsonl"
+    shutil.copy(REPO / "data/tiny/arith_sft.jsonl", data)
+    out = tmp_path / "sft"
+    args = [*SFT, "--datasets", json.dumps([{"path": str(data), "label": "arith"}]), "--output_dir", str(out)]
+    assert (first := run_cli("sft.py", *args, "--max_steps", "2")).returncode == 0, first.stderr[-3000:]
+
+    later = time.time() + 100  # touched: the same bytes, a new mtime (a copy, a checkout) resume as before
+    os.utime(data, (later, later))
+    touched = run_cli("sft.py", *args, "--max_steps", "3")
+    assert touched.returncode == 0, touched.stderr[-3000:]
+    assert json.loads((out / "run_summary.json").read_text())["resumed_from"].endswith("checkpoint-2")
+
+    rows = data.read_text().splitlines()
+    data.write_text("\n".join([rows[1], rows[0], *rows[2:]]) + "\n")  # same size, other contents
+    resolved_before = (out / "resolved_config.yaml").read_text()
+    edited = run_cli("sft.py", *args, "--max_steps", "4")
+    assert edited.returncode == 2, edited.stderr[-3000:]
+    errors = _error_lines(edited.stderr)
+    assert len(errors) == 1 and "Traceback" not in edited.stderr, edited.stderr[-3000:]
+    assert str(data.resolve()) in errors[0] and "contents changed" in errors[0], errors[0]
+    assert "--allow_config_change" in errors[0], errors[0]
+    assert (out / "resolved_config.yaml").read_text() == resolved_before
+
+    allowed = run_cli(
+        "sft.py", *args, "--max_steps", "4", "--resume_from_checkpoint", "last", "--allow_config_change"
+    )
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    assert json.loads((out / "run_summary.json").read_text())["global_step"] == 4
+
+
+def test_a_big_dataset_file_is_hashed_at_its_edges_and_its_mtime_counts(tmp_path, monkeypatch):
+    from dna_factory import input_fingerprint as fp
+
+    monkeypatch.setattr(fp, "FULL_HASH_BYTES", 1024)
+    monkeypatch.setattr(fp, "EDGE_BYTES", 100)
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(b'{"text": "a"}\n' * 500)
+    before = fp.inputs({"datasets": [{"path": str(big)}]})
+    assert before["data"][str(big.resolve())]["hashed"] == "edges"
+    with open(big, "r+b") as handle:  # the middle changes, same size, the edges as they were
+        handle.seek(3500)
+        handle.write(b'{"text": "b"}\n')
+    after = fp.inputs({"datasets": [{"path": str(big)}]})
+    assert after["data"][str(big.resolve())]["sha256"] == before["data"][str(big.resolve())]["sha256"]
+    assert fp.input_differences(before, after) == [
+        f"dataset file {big.resolve()}: modified since (too big to hash whole)"
+    ]
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"text": "a"}\n')
+    first = fp.inputs({"datasets": [str(folder)]})
+    (folder / "b.jsonl").write_text('{"text": "b"}\n')
+    assert fp.input_differences(first, fp.inputs({"datasets": [str(folder)]})) == [
+        f"dataset file {(folder / 'b.jsonl').resolve()}: newly read"
+    ]
+    assert fp.input_differences(None, first) == []  # a run recorded before inputs were: no refusal
