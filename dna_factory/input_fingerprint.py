@@ -109,6 +109,36 @@ def data_records(datasets: Any) -> dict[str, dict[str, Any]]:
     return records
 
 
+def model_records(path: str) -> dict[str, dict[str, Any]] | str:
+    """A local model folder's files (weights by size and mtime, never read; small files by content), or the
+    hub id as given: what a pipeline stage started from (:mod:`dna_factory.pipeline_state`)."""
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        return path
+    records = {}
+    for file in _files_of(folder):
+        stat = file.stat()
+        name = str(file.relative_to(folder)) if folder.is_dir() else file.name
+        if stat.st_size > FULL_HASH_BYTES:
+            records[name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "hashed": "none"}
+        else:
+            records[name] = _file_record(str(file), stat.st_size, stat.st_mtime_ns)
+    return records
+
+
+def file_differences(before: dict[str, Any], after: dict[str, Any], what: str) -> list[str]:
+    """``<what> <name>: change`` for each file added, removed or changed between two records."""
+    lines = []
+    for name in sorted(set(before) | set(after)):
+        if name not in after:
+            lines.append(f"{what} {name}: no longer read")
+        elif name not in before:
+            lines.append(f"{what} {name}: newly read")
+        elif (change := _file_changed(before[name], after[name])) is not None:
+            lines.append(f"{what} {name}: {change}")
+    return lines
+
+
 def inputs(values: dict[str, Any]) -> dict[str, Any]:
     """The run's inputs for its fingerprint: ``{"world_size": n, "data": {path: record}}``."""
     return {"world_size": world_size(), "data": data_records(values.get("datasets"))}
@@ -119,7 +149,9 @@ def _file_changed(was: dict[str, Any], now: dict[str, Any]) -> str | None:
         return f"{was.get('size')} -> {now.get('size')} bytes"
     if was.get("sha256") != now.get("sha256"):
         return "its contents changed"
-    if "edges" in (was.get("hashed"), now.get("hashed")) and was.get("mtime_ns") != now.get("mtime_ns"):
+    if {"edges", "none"} & {was.get("hashed"), now.get("hashed")} and was.get("mtime_ns") != now.get(
+        "mtime_ns"
+    ):
         return "modified since (too big to hash whole)"
     return None
 
@@ -132,12 +164,4 @@ def input_differences(old: dict[str, Any] | None, new: dict[str, Any] | None) ->
     lines = []
     if old.get("world_size") != new.get("world_size"):
         lines.append(f"world_size (processes): {old.get('world_size')} -> {new.get('world_size')}")
-    before, after = old.get("data", {}), new.get("data", {})
-    for path in sorted(set(before) | set(after)):
-        if path not in after:
-            lines.append(f"dataset file {path}: no longer read")
-        elif path not in before:
-            lines.append(f"dataset file {path}: newly read")
-        elif (change := _file_changed(before[path], after[path])) is not None:
-            lines.append(f"dataset file {path}: {change}")
-    return lines
+    return lines + file_differences(old.get("data", {}), new.get("data", {}), "dataset file")

@@ -45,6 +45,12 @@ from collections.abc import Set
 from pathlib import Path
 
 from dna_factory.errors import CONFIG_ERRORS, DnaConfigError
+from dna_factory.pipeline_eval_server import (
+    check_eval_server_model,
+    check_eval_server_spec,
+    start_eval_server,
+    uses_eval_server,
+)
 from dna_factory.pipeline_recipe import (
     DONE,
     Pipeline,
@@ -55,6 +61,15 @@ from dna_factory.pipeline_recipe import (
     load_pipeline,
     set_keys,
     stage_argv,
+)
+from dna_factory.pipeline_state import (
+    dependencies,
+    done_record,
+    plan,
+    record_inputs,
+    stage_inputs,
+    start_over,
+    state_of,
 )
 from dna_factory.run_files import write_atomic
 from rewards.options import did_you_mean
@@ -148,107 +163,6 @@ def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
     return rows
 
 
-ARCHITECTURE_KEYS = (
-    "model_type",
-    "hidden_size",
-    "head_dim",
-    "tie_word_embeddings",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "vocab_size",
-)
-"""config.json keys that must agree for the pipeline's eval server to load a stage's weights in place."""
-
-
-def uses_eval_server(pipeline: Pipeline, cfg) -> bool:
-    """A stage evaluates on the pipeline's eval server: it evaluates checkpoints and names no server of its own."""
-    return bool(pipeline.eval_server and cfg.get("eval_on_checkpoint") and not cfg.get("eval_server_url"))
-
-
-def _shape(model: str) -> dict | None:
-    config = Path(model) / "config.json"
-    if not config.is_file():
-        return None  # a Hub id: vLLM checks the weights when it loads them
-    raw = json.loads(config.read_text())
-    return {key: raw.get(key) for key in ARCHITECTURE_KEYS}
-
-
-def check_eval_server_model(pipeline: Pipeline, stage: PipelineStage, cfg, start: str) -> None:
-    """The pipeline's eval server loads a stage's full weights in place: same architecture, no LoRA adapters."""
-    where = f"Stage {stage.index} ({stage.name})"
-    if cfg.get("use_peft"):
-        raise DnaConfigError(
-            f"{where} trains LoRA adapters (use_peft), but the pipeline's eval_server loads full weights. Set "
-            "eval_on_checkpoint: false in this stage's overrides, or use_peft: false."
-        )
-    served, ours = _shape(pipeline.eval_server["model"]), _shape(start)
-    if served and ours and served != ours:
-        differ = ", ".join(f"{k} {ours[k]} vs {served[k]}" for k in ARCHITECTURE_KEYS if ours[k] != served[k])
-        raise DnaConfigError(
-            f"{where} starts from {start}, whose architecture differs from the eval_server's model "
-            f"{pipeline.eval_server['model']} ({differ}); one server loads only weights of its own shape. Set "
-            "eval_on_checkpoint: false in this stage's overrides, or eval_server.model to a model of its shape."
-        )
-
-
-def check_eval_server_spec(pipeline: Pipeline, rows: list[dict]) -> None:
-    """The recipe's ``eval_server``: no flag the pipeline sets itself; on GPUs, devices of its own, apart from training."""
-    from dna_factory.eval.keys import OWN_SERVER_FLAGS
-    from dna_factory.vllm_server import cuda_available
-
-    args = shlex.split(pipeline.eval_server.get("args", ""))
-    own = [f for f in OWN_SERVER_FLAGS if any(a == f or a.startswith(f + "=") for a in args)]
-    if own:
-        raise DnaConfigError(
-            f"eval_server.args sets {own[0]}, which the pipeline sets itself (eval_server.model for the model). "
-            "Remove it."
-        )
-    if not cuda_available():
-        return
-    devices = pipeline.eval_server.get("devices")
-    if not devices:
-        raise DnaConfigError(
-            "eval_server runs through every stage: give it GPUs of its own, apart from the training GPUs, "
-            'e.g. eval_server: {devices: "7"} (its CUDA_VISIBLE_DEVICES).'
-        )
-    served = {d.strip() for d in devices.split(",") if d.strip()}
-    for row in rows:
-        train = str(row["gpus"].get("train", ""))
-        shared = served & {d.strip() for d in train.split(",") if d.strip()}
-        if row["eval_server"] and (shared or train == "all visible"):
-            raise DnaConfigError(
-                f"Stage {row['index']} ({row['name']}) trains on GPU {', '.join(sorted(shared)) or train}, and "
-                f"eval_server.devices ({devices}) gives the eval server {'those' if shared else 'some of them'}. "
-                "Keep them apart: set the stage's gpus.train (or CUDA_VISIBLE_DEVICES) to the others."
-            )
-
-
-def start_eval_server(pipeline: Pipeline, stages: list[str]):
-    """Start the recipe's ``eval_server`` (dev mode: evals load each checkpoint into it) and wait until it serves."""
-    from dna_factory.vllm_server import VLLMServer
-
-    spec = pipeline.eval_server
-    log = pipeline.output_dir / "eval_server.log"
-    logger.info(
-        "Starting the pipeline's eval server (vLLM, %s) for the checkpoint evals of %s; log: %s",
-        spec["model"], ", ".join(stages), log,
-    )  # fmt: skip
-    server = VLLMServer(
-        spec["model"],
-        served_model_name=f"{pipeline.name}-eval",
-        devices=spec.get("devices"),
-        extra_args=shlex.split(spec.get("args", "")),
-        log_path=log,
-        env={"VLLM_SERVER_DEV_MODE": "1"},
-    )
-    started = time.monotonic()
-    server.start()
-    logger.info("The eval server is ready at %s (%.0f s).", server.url, time.monotonic() - started)
-    return server
-
-
 def preview_stages(rows: list[dict], n: int) -> None:
     """``--preview N`` per stage: each stage's first rows as its trainer will tokenize them (no model loads)."""
     from dna_factory.loading import load_data
@@ -302,8 +216,9 @@ def _sigterm_as_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def run_stage(stage: PipelineStage, model: str, root: Path, models: dict[str, str]) -> dict:
+def run_stage(stage: PipelineStage, model: str, root: Path, models: dict[str, str], inputs: dict) -> dict:
     out = stage.output_dir(root)
+    record_inputs(stage, root, inputs)
     command = [*stage.launcher, *([] if stage.launcher else [sys.executable]), f"{stage.entry}.py"]
     command += stage_argv(stage, model, root, models)
     env = dict(os.environ, **stage.env)
@@ -329,6 +244,7 @@ def run_stage(stage: PipelineStage, model: str, root: Path, models: dict[str, st
         "model": str(final),
         "input_model": model,
         "seconds": seconds,
+        **done_record(inputs),
     }
     write_atomic(out / DONE, json.dumps(done, indent=2) + "\n")
     return done
@@ -349,8 +265,12 @@ def select(pipeline: Pipeline, from_stage: str | None, only_stage: str | None) -
     return list(pipeline.stages)
 
 
-def run(pipeline: Pipeline, selected: list[PipelineStage], shared_eval: set[str] = frozenset()) -> list[dict]:
-    """Run the selected stages in order, skipping finished ones; the report is refreshed after each.
+def run(
+    pipeline: Pipeline, selected: list[PipelineStage], cfgs: dict, shared_eval: Set[str] = frozenset()
+) -> list[dict]:
+    """Run the selected stages in order, skipping finished ones whose inputs are still what is upstream
+    (:mod:`dna_factory.pipeline_state`; ``cfgs``: each stage's resolved config); the report is refreshed after
+    each.
 
     ``shared_eval`` names the stages that evaluate on the recipe's ``eval_server``: it is started before the first
     of them that runs, handed to each as ``eval_server_url``, and stopped when the pipeline ends.
@@ -361,27 +281,30 @@ def run(pipeline: Pipeline, selected: list[PipelineStage], shared_eval: set[str]
     root.mkdir(parents=True, exist_ok=True)
     results = []
     server = None
+    retrained: set[str] = set()
     try:
         for stage in selected:
-            earlier = [s for s in pipeline.stages if s.index < stage.index]
-            referenced = [s for s in earlier if f"${{{s.name}}}" in json.dumps(stage.overrides)]
-            needed = referenced + ([] if stage.model or not earlier else [earlier[-1]])
-            for dependency in needed:
+            for dependency in dependencies(pipeline, stage):
                 if not (dependency.output_dir(root) / DONE).is_file():
                     raise DnaConfigError(
                         f"Stage {stage.index} ({stage.name}) needs stage {dependency.index} ({dependency.name}) "
                         f"finished first. Run with --from_stage {dependency.name}."
                     )
             model = input_model(pipeline, stage)
-            models = {s.name: final_model(s, root) for s in earlier}
+            models = {s.name: final_model(s, root) for s in pipeline.stages if s.index < stage.index}
             done_file = stage.output_dir(root) / DONE
-            if done_file.is_file():
+            state = state_of(pipeline, stage, cfgs[stage.name], retrained)
+            if state.state == "done":
                 logger.info(
                     "Stage %d (%s) is done (%s): skipped. Delete %s to run it again.",
                     stage.index, stage.name, done_file, done_file.parent,
                 )  # fmt: skip
                 results.append(json.loads(done_file.read_text()))
                 continue
+            retrained.add(stage.name)
+            if state.state == "rerun":
+                logger.warning("Stage %d (%s) %s.", stage.index, stage.name, state.describe())
+                start_over(stage, root)
             if stage.name in shared_eval:
                 if server is None:
                     pending = [
@@ -391,7 +314,8 @@ def run(pipeline: Pipeline, selected: list[PipelineStage], shared_eval: set[str]
                     ]
                     server = start_eval_server(pipeline, pending)
                 stage.overrides["eval_server_url"] = server.url
-            results.append(run_stage(stage, model, root, models))
+            inputs = stage_inputs(pipeline, stage, cfgs[stage.name])
+            results.append(run_stage(stage, model, root, models, inputs))
             write_report(pipeline)
     finally:
         if server is not None:
@@ -475,10 +399,15 @@ def main(argv: list[str] | None = None) -> int:
                 )
             preview_stages(rows, args.preview)
             return 0
+        cfgs = {r["name"]: r["prepared"][1] for r in rows}
+        states = plan(pipeline, selected, cfgs)
+        print()
+        for r in rows:
+            print(f"Stage {r['index']} ({r['name']}) {states[r['name']].describe()}.")
         if args.dry_run:
             print("\n# dry run: every stage's config is valid.")
             return 0
-        run(pipeline, selected, {r["name"] for r in rows if r["eval_server"]})
+        run(pipeline, selected, cfgs, {r["name"] for r in rows if r["eval_server"]})
     except CONFIG_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

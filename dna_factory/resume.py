@@ -49,7 +49,7 @@ _OPERATIONAL_PREFIXES = (
     "teacher_request_timeout", "teacher_retries", "teacher_max_concurrent_requests", "judge_", "request_timeout",
     "heartbeat_stale_after_s", "weight_sync_timeout", "max_inflight_tasks", "alarm_after_steps",
 )  # fmt: skip
-_PATH_KEYS = ("model_name_or_path", "teacher_model_name_or_path")
+PATH_KEYS = ("model_name_or_path", "teacher_model_name_or_path")
 
 
 def _operational(key: str) -> bool:
@@ -64,7 +64,7 @@ def _same_path(value: Any) -> Any:
 
 
 def _plain(key: str, value: Any) -> Any:
-    if key in _PATH_KEYS:
+    if key in PATH_KEYS:
         return _same_path(value)
     if key in ("datasets", "eval_datasets") and isinstance(value, list):
         return [

@@ -152,6 +152,61 @@ def test_chain_kill_resume_and_report(tmp_path, tiny_model, tiny_teacher):
     assert "| 2 | grpo | grpo | done | 6 |" in proc.stdout  # a rerun skipping all: the shipped-recipe test
 
 
+def _plan_lines(recipe) -> list[str]:
+    proc = run_cli("pipeline.py", "--recipe", str(recipe), "--dry_run")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [line for line in proc.stdout.splitlines() if line.startswith("Stage ")]
+
+
+@pytest.mark.timeout(600)  # about 2 min here
+@pytest.mark.slow
+def test_a_stage_is_done_only_while_what_it_was_trained_from_is_upstream(tmp_path, tiny_model):
+    """#35 item 3: deleting an upstream stage's output, a changed setting and an edited data file each rerun the
+    stage and every stage after it from scratch; --dry_run says so and why."""
+    data = tmp_path / "arith.jsonl"
+    shutil.copy(REPO / "data/tiny/arith_sft.jsonl", data)
+    short = {"max_steps": 2, "save_steps": 2}
+    stages = [
+        {"name": "sft", "entry": "sft", "config": "configs/sft/tiny-cpu.yaml",
+         "overrides": {**short, "datasets": [{"path": str(data), "label": "arith"}]}},
+        {"name": "polish", "entry": "sft", "config": "configs/sft/tiny-cpu.yaml", "overrides": dict(short)},
+    ]  # fmt: skip
+    recipe, out = _recipe(tmp_path, stages), tmp_path / "out"
+    assert (first := run_cli("pipeline.py", "--recipe", str(recipe), timeout=600)).returncode == 0, (
+        first.stderr[-3000:]
+    )
+    assert _plan_lines(recipe) == ["Stage 1 (sft) done: skipped.", "Stage 2 (polish) done: skipped."]
+    polish_id = json.loads((out / "2-polish" / "DONE.json").read_text())["run_id"]
+
+    shutil.rmtree(out / "1-sft")  # the issue's case: the upstream model is gone, the stage after it was done
+    assert _plan_lines(recipe) == [
+        "Stage 1 (sft) runs.",
+        "Stage 2 (polish) reruns from scratch: stage 1 (sft) trains again first.",
+    ]
+    rerun = run_cli("pipeline.py", "--recipe", str(recipe), timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "Stage 2 (polish) reruns from scratch: stage 1 (sft) trains again first" in rerun.stderr
+    sft, polish = (json.loads((out / d / "DONE.json").read_text()) for d in ("1-sft", "2-polish"))
+    assert polish["run_id"] != polish_id and polish["inputs"]["upstream"] == {"sft": sft["run_id"]}
+    assert len(list((out / "2-polish").glob("previous-*/checkpoint-2"))) == 1  # the stale run moved aside
+    assert json.loads((out / "2-polish" / "run_summary.json").read_text())["resumed_from"] is None
+
+    stages[1]["overrides"]["learning_rate"] = 1e-4  # the later stage's own setting: it alone reruns
+    recipe = _recipe(tmp_path, stages)
+    assert _plan_lines(recipe) == [
+        "Stage 1 (sft) done: skipped.",
+        "Stage 2 (polish) reruns from scratch: its settings changed: learning_rate: 0.003 -> 0.0001.",
+    ]
+    rows = data.read_text().splitlines()
+    data.write_text("\n".join([rows[1], rows[0], *rows[2:]]) + "\n")  # the first stage's data, edited
+    assert _plan_lines(recipe) == [
+        f"Stage 1 (sft) reruns from scratch: its settings changed: dataset file {data.resolve()}: its contents "
+        "changed.",
+        "Stage 2 (polish) reruns from scratch: stage 1 (sft) trains again first; its settings changed: "
+        "learning_rate: 0.003 -> 0.0001.",
+    ]
+
+
 STUDENT_GAIN = 0.05  # #32: every student stage, every seed (bench/pipeline_demo.py checks three)
 
 
