@@ -47,7 +47,8 @@ _OPERATIONAL_PREFIXES = (
     "checkpoint_eval", "max_steps", "num_train_epochs", "disable_tqdm", "num_completions_to_print",
     "gradient_checkpointing", "torch_empty_cache_steps", "include_", "skip_memory_metrics", "teacher_server_",
     "teacher_request_timeout", "teacher_retries", "teacher_max_concurrent_requests", "judge_", "request_timeout",
-    "heartbeat_stale_after_s", "weight_sync_timeout", "max_inflight_tasks", "alarm_after_steps",
+    "heartbeat_stale_after_s", "server_down_after_s", "server_probe_interval_s", "rollout_stop_timeout_s",
+    "weight_sync_timeout", "max_inflight_tasks", "alarm_after_steps",
 )  # fmt: skip
 PATH_KEYS = ("model_name_or_path", "teacher_model_name_or_path")
 

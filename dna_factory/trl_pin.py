@@ -44,7 +44,7 @@ TOUCH_POINTS = (
     ),
     TouchPoint(
         "dna_factory/async_grpo/trainer.py",
-        "AsyncGRPOTrainer._inner_training_loop, _save_checkpoint, _log_step_metrics, get_train_dataloader "
+        "AsyncGRPOTrainer._inner_training_loop, _save_checkpoint, _log_step_metrics, _sync_weight, get_train_dataloader "
         "(RolloutQueueDataset reads rollout_queue), the worker's _loop_kwargs and prompt numbering",
         "tests/test_async_grpo.py::test_trl_async_canary",
     ),

@@ -14,11 +14,18 @@ TRL 1.16's ``AsyncRolloutWorker`` runs generation in a spawned child. Left alone
 :class:`RolloutWatchdog` replaces the worker's ``check_health`` and ``stop`` (instance attributes; TRL calls
 ``self.rollout_worker.check_health(...)`` from ``RolloutQueueDataset`` every ``poll_interval_s`` the queue is
 empty, and ``self.rollout_worker.stop()`` in ``_inner_training_loop``'s ``finally``) and watches from a
-daemon thread: the child's liveness every second, the server's ``/health`` every 10 s. What it finds is
-raised as one :class:`~dna_factory.errors.DnaServiceError` line (exit 2) the next time the trainer waits
-for a sample. If the training thread has not ended ``grace_s`` seconds after that (it is blocked, e.g. on
-a lock the dead child held), the watchdog prints the same ``error:`` line and ends the process (exit 2).
-``stop()`` skips the stop Event when the child is dead and is bounded when it is alive.
+daemon thread: the child's liveness every second, the server's ``/health`` every ``server_probe_interval_s``.
+A dead or failed child, or a server that has not answered for ``server_down_after_s``, is raised as one
+:class:`~dna_factory.errors.DnaServiceError` line (exit 2) the next time the trainer waits for a sample. A
+server outage is a cause only while it lasts: the watchdog keeps probing and forgets it once ``/health``
+answers again, and ``check_health`` probes once more before raising one (a blip during a long step is ridden
+out, as TRL's own request retries ride it out).
+
+The watchdog ends the process itself (the same ``error:`` line, exit 2) only when the training loop is
+blocked: the cause has stood for ``heartbeat_stale_after_s`` and for as long the loop has shown no progress
+(:class:`Progress`: the trainer marks each sample it takes and each health check, and holds a busy mark
+through a training step, a weight sync and a checkpoint save, which are never cut). ``stop()`` skips the stop
+Event when the child is dead and is bounded by ``rollout_stop_timeout_s`` when it is alive.
 
 TRL 1.16 private attributes used (canary: ``tests/test_async_grpo.py::test_trl_rollout_worker_watchdog_canary``):
 ``AsyncRolloutWorker._process``, ``._failed_event``, ``._exception_info_queue``, ``._loop_kwargs["vllm_server_url"]``.
@@ -34,6 +41,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import requests
 
@@ -44,12 +54,8 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 1.0
 """How often the watchdog looks at the child."""
-SERVER_PROBE_S = 10.0
-"""How often it asks the vLLM server's ``/health``."""
-SERVER_DOWN_S = 60.0
-"""A server that has not answered ``/health`` for this long during training ends the run."""
-STOP_TIMEOUT_S = 30.0
-"""The longest a stop() of a live child may take (TRL's own: join 15 s, terminate, join 5 s, kill)."""
+PROBE_TIMEOUT_S = 5.0
+"""One ``/health`` request's timeout."""
 
 
 def _how_it_ended(exitcode: int | None) -> str:
@@ -61,15 +67,61 @@ def _how_it_ended(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
+@dataclass(frozen=True)
+class WatchdogTimeouts:
+    """The watchdog's keys (async GRPO's ``heartbeat_stale_after_s``, ``server_down_after_s``,
+    ``server_probe_interval_s``, ``rollout_stop_timeout_s``; docs/async-grpo.md)."""
+
+    grace_s: float = 300.0
+    server_down_s: float = 60.0
+    probe_s: float = 10.0
+    stop_s: float = 30.0
+
+
+class Progress:
+    """What the training loop last showed of itself: marks (a sample taken, a health check) and busy spans (a
+    step, a weight sync, a save). ``blocked_for`` is how long it has shown nothing, None while it is busy."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = time.monotonic()
+        self._busy: list[str] = []
+
+    def mark(self) -> None:
+        self._last = time.monotonic()
+
+    @contextmanager
+    def busy(self, what: str) -> Iterator[None]:
+        with self._lock:
+            self._busy.append(what)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy.remove(what)
+            self.mark()
+
+    def doing(self) -> str | None:
+        with self._lock:
+            return self._busy[-1] if self._busy else None
+
+    def blocked_for(self, now: float) -> float | None:
+        return None if self.doing() is not None else now - self._last
+
+
 class RolloutWatchdog:
     """Watches one ``AsyncRolloutWorker``; install it before the worker starts."""
 
-    def __init__(self, worker, *, grace_s: float, server_down_s: float = SERVER_DOWN_S) -> None:
+    def __init__(self, worker, timeouts: WatchdogTimeouts = WatchdogTimeouts()) -> None:
         self.worker = worker
-        self.grace_s = grace_s
-        self.server_down_s = server_down_s
+        self.timeouts = timeouts
+        self.grace_s = timeouts.grace_s
+        self.progress = Progress()
         self.cause: str | None = None
+        self._server_cause = False  # the cause is an outage: forgotten when /health answers again
+        self._lock = threading.Lock()
         self._detected_at: float | None = None
+        self._down_since: float | None = None
         self._stopping = threading.Event()
         self._failure: tuple[str, str] | None = None
         url = worker._loop_kwargs.get("vllm_server_url")
@@ -125,51 +177,78 @@ class RolloutWatchdog:
             )
         return None
 
-    def _server_down(self, since: float | None, last: str) -> str:
+    def _server_down(self, since: float, last: str) -> str:
         return (
             f"The vLLM server at {self.server} stopped answering /health during training ({last} for "
-            f"{time.monotonic() - since:.0f} s; its engine may have crashed: see the server's log). Restart it and "
-            "rerun (the run resumes from its last checkpoint)."
+            f"{time.monotonic() - since:.0f} s, over server_down_after_s={self.timeouts.server_down_s:g}; its engine "
+            "may have crashed: see the server's log). Restart it and rerun (the run resumes from its last checkpoint)."
         )
 
-    def _note(self, cause: str) -> None:
-        if self.cause is None:
-            self.cause = cause
-            self._detected_at = time.monotonic()
-            logger.error("%s", cause)
+    def _note(self, cause: str, server: bool = False) -> None:
+        with self._lock:
+            if self.cause is None:
+                self.cause, self._server_cause = cause, server
+                self._detected_at = time.monotonic()
+                logger.error("%s", cause)
+
+    def _probe(self) -> str | None:
+        """Ask ``/health`` once: None when it answers 200, else what went wrong. Updates the outage clock, notes
+        an outage past its bound, and forgets a noted outage that has ended."""
+        try:
+            status = requests.get(f"{self.server}/health", timeout=PROBE_TIMEOUT_S).status_code
+            last = None if status == 200 else f"HTTP {status}"
+        except requests.RequestException as exc:
+            last = type(exc).__name__
+        now = time.monotonic()
+        if last is None:
+            with self._lock:
+                was_down, self._down_since = self._down_since, None
+                forget = self.cause is not None and self._server_cause
+                if forget:
+                    self.cause, self._server_cause, self._detected_at = None, False, None
+            if forget:
+                logger.warning(
+                    "The vLLM server at %s answers /health again after %.0f s; training goes on.",
+                    self.server,
+                    now - was_down,
+                )
+            return None
+        self._down_since = self._down_since or now
+        if now - self._down_since >= self.timeouts.server_down_s:
+            self._note(self._server_down(self._down_since, last), server=True)
+        return last
 
     # ------------------------------------------------------------------ the thread
 
     def _watch(self) -> None:
-        down_since: float | None = None
-        next_probe = time.monotonic() + SERVER_PROBE_S
+        next_probe = time.monotonic() + self.timeouts.probe_s
         while not self._stopping.wait(POLL_S):
-            if self.cause is not None:
-                if time.monotonic() - self._detected_at > self.grace_s:
-                    self._hard_exit()
-                continue
-            cause = self._child_cause()
-            if cause is None and self.server and time.monotonic() >= next_probe:
-                next_probe = time.monotonic() + SERVER_PROBE_S
-                try:
-                    status = requests.get(f"{self.server}/health", timeout=5).status_code
-                    last = None if status == 200 else f"HTTP {status}"
-                except requests.RequestException as exc:
-                    last = type(exc).__name__
-                if last is None:
-                    down_since = None
-                else:
-                    down_since = down_since or time.monotonic()
-                    if time.monotonic() - down_since >= self.server_down_s:
-                        cause = self._server_down(down_since, last)
-            if cause is not None:
-                self._note(cause)
+            if self.cause is None or self._server_cause:
+                cause = self._child_cause()
+                if cause is not None:
+                    with self._lock:  # a dead child outranks an outage: it does not come back
+                        self.cause, self._server_cause = None, False
+                    self._note(cause)
+            if self.server and time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + self.timeouts.probe_s
+                self._probe()
+            if self._blocked():
+                self._hard_exit()
+
+    def _blocked(self) -> bool:
+        """A cause has stood for ``grace_s`` and the training loop has shown no progress for as long."""
+        now = time.monotonic()
+        detected = self._detected_at
+        if self.cause is None or detected is None or now - detected <= self.grace_s:
+            return False
+        idle = self.progress.blocked_for(now)
+        return idle is not None and idle > self.grace_s
 
     def _hard_exit(self) -> None:
         """The training thread did not end after the cause was raised to it: it is blocked. End the process."""
         sys.stderr.write(
-            f"error: {self.cause} (The trainer was still blocked {self.grace_s:g} s later, so it was stopped "
-            "hard.)\n"
+            f"error: {self.cause} (The training loop showed no progress for {self.grace_s:g} s "
+            "(heartbeat_stale_after_s) after that, so the process was stopped.)\n"
         )
         sys.stderr.flush()
         process = self.worker._process
@@ -180,10 +259,18 @@ class RolloutWatchdog:
     # ------------------------------------------------------------------ what TRL calls
 
     def check_health(self, stale_after_s: float) -> None:
-        """TRL's check, first our own findings; any failure is one DnaServiceError line."""
-        cause = self.cause or self._child_cause()
+        """TRL's check, first our own findings; any failure is one DnaServiceError line. An outage is
+        probed once more first: a server that answers again is no cause."""
+        self.progress.mark()
+        child = self._child_cause()
+        if child is not None and (self.cause is None or self._server_cause):
+            with self._lock:
+                self.cause, self._server_cause = None, False
+            self._note(child)
+        if self.cause is not None and self._server_cause and self.server:
+            self._probe()
+        cause = self.cause
         if cause is not None:
-            self._note(cause)
             raise DnaServiceError(cause)
         try:
             self._trl_check_health(stale_after_s)
@@ -216,9 +303,10 @@ class RolloutWatchdog:
                 done.set()
 
         threading.Thread(target=trl_stop, name="dna-rollout-stop", daemon=True).start()
-        if not done.wait(STOP_TIMEOUT_S):
+        if not done.wait(self.timeouts.stop_s):
             logger.warning(
-                "The rollout worker did not stop within %g s; its child is killed.", STOP_TIMEOUT_S
+                "The rollout worker did not stop within %g s (rollout_stop_timeout_s); its child is killed.",
+                self.timeouts.stop_s,
             )
             if process.is_alive():
                 os.kill(process.pid, signal.SIGKILL)

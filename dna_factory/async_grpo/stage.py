@@ -23,6 +23,7 @@ from dna_factory.async_grpo.preflight import (
     validate_async_environment,
     wait_for_server,
 )
+from dna_factory.async_grpo.rollout_watchdog import WatchdogTimeouts
 from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError, DnaServiceError
 from dna_factory.grpo.keys import GRPOStageArguments, learning_alarms, validate_rewards
@@ -59,6 +60,25 @@ class AsyncGRPOStageArguments(GRPOStageArguments):
             "help": "weight_sync: file: directory the server reads (default <output_dir>/.vllm_weights)."
         },
     )
+    server_down_after_s: float = field(
+        default=60.0,
+        metadata={
+            "help": "During training: how long the vLLM server may fail /health before the run ends with one "
+            "error line. A shorter outage is ridden out (the rollout child's request retries wait for it) and "
+            "forgotten once /health answers again."
+        },
+    )
+    server_probe_interval_s: float = field(
+        default=10.0,
+        metadata={"help": "During training: how often the watchdog asks the vLLM server's /health."},
+    )
+    rollout_stop_timeout_s: float = field(
+        default=30.0,
+        metadata={
+            "help": "At the end of training: the longest wait for the rollout worker's child to stop before it is "
+            "killed."
+        },
+    )
     drop_overlong_prompts: bool = field(
         default=True,
         metadata={
@@ -85,7 +105,19 @@ check_environment = validate_async_environment
 ASYNC_NEEDS_CHAT = "Async GRPO (TRL's rollout worker reads every prompt as a list of chat messages)"
 
 
+WATCHDOG_KEYS = (
+    "heartbeat_stale_after_s",
+    "server_down_after_s",
+    "server_probe_interval_s",
+    "rollout_stop_timeout_s",
+)
+
+
 def validate_async(cfg: ResolvedConfig) -> None:
+    for key in (*WATCHDOG_KEYS, "weight_sync_timeout"):
+        value = cfg.get(key)
+        if value is not None and not (isinstance(value, int | float) and value > 0):
+            raise DnaConfigError(f"{key} is {value!r}; it must be a number of seconds > 0.")
     validate_prompt_settings(cfg, needs_chat=ASYNC_NEEDS_CHAT)
     setup_async_training_args(cfg)
 
@@ -133,6 +165,7 @@ def build_trainer(ctx: StageContext):
             stage_args.weight_sync_dir or f"{args.output_dir}/.vllm_weights",
             config_dir=ctx.model_args.model_name_or_path,
             tie_word_embeddings=bool(getattr(model_config, "tie_word_embeddings", False)),
+            timeout_s=float(args.weight_sync_timeout),  # TRL's key: the NCCL sync's bound, here the reload's
         )
     stream = prompt_stream(
         train_dataset, max_model_len=max_model_len, max_completion_length=args.max_completion_length
@@ -152,6 +185,12 @@ def build_trainer(ctx: StageContext):
         weight_transfer=weight_transfer,
         tree_attention=stage_args.tree_attention,
         prompt_stream=stream,
+        watchdog_timeouts=WatchdogTimeouts(
+            grace_s=args.heartbeat_stale_after_s,
+            server_down_s=stage_args.server_down_after_s,
+            probe_s=stage_args.server_probe_interval_s,
+            stop_s=stage_args.rollout_stop_timeout_s,
+        ),
     )
 
 

@@ -2,8 +2,8 @@
 
 Written against TRL 1.16.0; every touch of its private API lives in this module and is guarded
 by the canary tests in ``tests/test_async_grpo.py``:
-``AsyncGRPOTrainer._save_checkpoint`` / ``._inner_training_loop`` / ``training_step`` (overridden,
-calling super), ``get_train_dataloader`` (reads ``self.rollout_queue`` only through ``get``; its
+``AsyncGRPOTrainer._save_checkpoint`` / ``._inner_training_loop`` / ``training_step`` / ``_sync_weight``
+(overridden, calling super), ``get_train_dataloader`` (reads ``self.rollout_queue`` only through ``get``; its
 collator's ``groups_trained.update`` per micro-batch), the attributes ``_trained_groups``,
 ``model_version``, ``rollout_worker._loop_kwargs`` and ``rollout_worker.start``, the worker's group
 numbering (0, 1, 2, ... from ``dataset_start_index``, wrapping round the dataset), accelerate's
@@ -30,6 +30,8 @@ past any number of epochs. Groups generated but not trained at the checkpoint ar
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -40,7 +42,7 @@ from trl.experimental.async_grpo import AsyncGRPOTrainer
 from trl.experimental.async_grpo import async_grpo_trainer as _trl_async
 
 import dna_factory.async_grpo.rollout_child  # noqa: F401  (TRL's rollout child, with its two guards)
-from dna_factory.async_grpo.rollout_watchdog import RolloutWatchdog
+from dna_factory.async_grpo.rollout_watchdog import RolloutWatchdog, WatchdogTimeouts
 from dna_factory.async_grpo.tree_attention import use_tree_sdpa
 from dna_factory.errors import DnaConfigError
 from dna_factory.run_files import read_jsonl, write_atomic
@@ -125,6 +127,8 @@ class _QueueWatcher:
 
     def get(self, *args, **kwargs):
         trainer = self._trainer
+        if trainer.watchdog is not None:  # the training loop is taking samples: it is not blocked
+            trainer.watchdog.progress.mark()
         while True:
             sample = self._queue.get(*args, **kwargs)
             if sample is None or not trainer._done_before_resume(sample.group_id):
@@ -160,8 +164,16 @@ class _CollatedGroups:
 class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
     """AsyncGRPOTrainer + ``tree_attention: sdpa`` + injected weight transfer + exact resume."""
 
-    def __init__(self, *args, tree_attention: str = "fa3", prompt_stream: dict | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        tree_attention: str = "fa3",
+        prompt_stream: dict | None = None,
+        watchdog_timeouts: WatchdogTimeouts | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
+        self.watchdog = None
         if tree_attention == "sdpa":
             use_tree_sdpa(self.model)
         self._start = 0  # stream position of worker group 0 (TRL's dataset_start_index)
@@ -182,7 +194,13 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
             self.rollout_worker.start = start_with_resume_plan
         if self.rollout_worker is not None and hasattr(self.rollout_worker, "_process"):
             # a dead child, a dead server or a stuck stop() becomes one error line (docs/async-grpo.md)
-            self.watchdog = RolloutWatchdog(self.rollout_worker, grace_s=self.args.heartbeat_stale_after_s)
+            timeouts = watchdog_timeouts or WatchdogTimeouts()
+            timeouts = dataclasses.replace(timeouts, grace_s=self.args.heartbeat_stale_after_s)
+            self.watchdog = RolloutWatchdog(self.rollout_worker, timeouts)
+
+    def _busy(self, what: str):
+        """The watchdog's busy mark (never cut by it), or nothing where this process has no rollout worker."""
+        return self.watchdog.progress.busy(what) if self.watchdog is not None else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -233,7 +251,8 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         """The micro-batch is used here: its groups count as trained from now on (not when collated)."""
         groups = self._collated.pending.popleft() if self._collated.pending else set()
-        loss = super().training_step(model, inputs, num_items_in_batch)
+        with self._busy("a training step"):
+            loss = super().training_step(model, inputs, num_items_in_batch)
         self._trained_groups.update(groups)
         return loss
 
@@ -252,7 +271,15 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
 
     # ------------------------------------------------------------------ checkpoint / resume
 
+    def _sync_weight(self):  # TRL 1.16.0 private: the weight sync after an optimizer step
+        with self._busy("a weight sync"):
+            return super()._sync_weight()
+
     def _save_checkpoint(self, model, trial):  # TRL 1.16.0 private
+        with self._busy("a checkpoint save"):
+            self._save_checkpoint_with_record(model, trial)
+
+    def _save_checkpoint_with_record(self, model, trial):
         super()._save_checkpoint(model, trial)  # TRL writes its rollout_state.json first
         if not self.accelerator.is_main_process or self.rollout_worker is None:
             return
