@@ -26,17 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from dna_factory.data_files import (
-    COMPRESSIONS,
-    LOCAL_SUFFIXES,
     DatasetSpec,
-    data_suffix,
-    first_bad_jsonl_line,
     folder_without_data,
+    load_one,
     looks_local,
     nested_sources,
 )
 from dna_factory.errors import DnaConfigError
 from dna_factory.prompts import PromptRule, compile_template, render_prompt_template, template_columns
+from dna_factory.row_lengths import RowCheck
 from rewards.options import did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -206,6 +204,10 @@ class _RowError(Exception):
     pass
 
 
+class _EmptyPrompt(_RowError):
+    """A prompt that holds no text: dropped or refused like an over-long one (``drop_overlong_prompts``)."""
+
+
 def _check_messages(messages: Any, what: str) -> list[dict]:
     if not isinstance(messages, list):
         raise _RowError(f"`{what}` must be a list of messages, got {type(messages).__name__}")
@@ -235,13 +237,13 @@ def _has_text(content: Any) -> bool:
 def _check_prompt(prompt: Any, what: str = "prompt") -> Any:
     if isinstance(prompt, str):
         if not prompt.strip():
-            raise _RowError(f"`{what}` is an empty string")
+            raise _EmptyPrompt(f"`{what}` is an empty string")
         return prompt
     if prompt is None:
         raise _RowError(f"`{what}` is missing (None)")
     messages = _check_messages(prompt, what)
     if not any(_has_text(m.get("content")) for m in messages):
-        raise _RowError(f"`{what}` has no text: every message's content is empty")
+        raise _EmptyPrompt(f"`{what}` has no text: every message's content is empty")
     return messages
 
 
@@ -305,41 +307,6 @@ def normalize_row(row: dict[str, Any], fmt: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- loading
 
 
-def _load_one(spec: DatasetSpec):
-    import datasets
-
-    p = Path(spec.path).expanduser()
-    try:
-        if p.is_dir() and ((p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()):
-            ds = datasets.load_from_disk(str(p))
-            if isinstance(ds, datasets.DatasetDict):
-                if spec.split not in ds:
-                    raise DnaConfigError(
-                        f"Dataset '{spec.label}' ({spec.path}) has no split '{spec.split}'. "
-                        f"Available: {', '.join(ds)}."
-                    )
-                ds = ds[spec.split]
-            return ds
-        if p.is_file():
-            builder = LOCAL_SUFFIXES.get(data_suffix(p))
-            if builder is None or (p.suffix in COMPRESSIONS and builder not in ("json", "csv")):
-                raise DnaConfigError(
-                    f"Dataset '{spec.path}' has an unsupported suffix. Use .json, .jsonl, .csv (each may be "
-                    ".gz, .bz2 or .xz compressed), .parquet, .arrow or a save_to_disk folder."
-                )
-            return datasets.load_dataset(builder, data_files=str(p), split="train")
-        return datasets.load_dataset(spec.path, name=spec.name, data_files=spec.data_files, split=spec.split)
-    except DnaConfigError:
-        raise
-    except Exception as exc:  # datasets raises many types; the user needs the dataset name and the cause
-        if p.is_file() and data_suffix(p) == ".jsonl" and (bad := first_bad_jsonl_line(p, spec.label)):
-            raise bad from None
-        raise DnaConfigError(
-            f"Could not load dataset '{spec.label}' ({spec.path}): {type(exc).__name__}: {exc}. "
-            "Check the path, split and name (hub ids need network access or a local cache)."
-        ) from None
-
-
 def _resample(ds, spec: DatasetSpec, seed: int):
     """Apply max_samples (shuffle, first N) then weight (whole copies + a seeded fractional subset)."""
     if spec.max_samples is not None and len(ds) > spec.max_samples:
@@ -379,11 +346,33 @@ def _keep_own_label(ds, spec: DatasetSpec):
     return ds.rename_column("label", SOURCE_LABEL)
 
 
-def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42, prompt_rule: PromptRule | None = None):
+EMPTY = "_dna_empty_prompt"
+
+
+def _empty_flag(row: dict, fmt: str) -> dict:
+    """``{EMPTY: whether the row's prompt holds no text}`` (another row error is normalise's to report)."""
+    try:
+        normalize_row(row, fmt)
+    except _EmptyPrompt:
+        return {EMPTY: True}
+    except _RowError:
+        pass
+    return {EMPTY: False}
+
+
+def load_mixture(
+    specs: list[DatasetSpec],
+    fmt: str,
+    seed: int = 42,
+    prompt_rule: PromptRule | None = None,
+    check: RowCheck | None = None,
+):
     """Load, check, normalise, template, label, resample and concatenate the datasets of a mixture.
 
     ``prompt_rule`` (chat or text, system turn; :mod:`dna_factory.prompts`) renders each
-    dataset's rows before the datasets are mixed, so string and chat datasets mix.
+    dataset's rows before the datasets are mixed, so string and chat datasets mix. ``check``
+    (:mod:`dna_factory.row_lengths`) then drops or refuses each dataset's over-long rows, and its
+    rows whose prompt holds no text (without it those are refused).
 
     Raises:
         DnaConfigError: naming the dataset, the row index and the problem for the first bad row.
@@ -395,7 +384,7 @@ def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42, prompt_rule
         if spec.weight == 0:
             logger.info("Dataset '%s' has weight 0: dropped from the mixture.", spec.label)
             continue
-        ds = _load_one(spec)
+        ds = load_one(spec)
         columns = set(ds.column_names)
         if nested_sources(spec, columns):  # columns: {doc.question: prompt}; flatten() names it doc.question
             ds = ds.flatten()
@@ -409,7 +398,29 @@ def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42, prompt_rule
         if len(ds) == 0:
             raise DnaConfigError(f"Dataset '{spec.label}' ({spec.path}) is empty. Remove it or fix the file.")
 
-        def normalise(row, idx, spec=spec):
+        origin = None  # file row of each row left, once some are dropped
+        if check is not None and check.drop:  # rows whose prompt holds no text go first, like over-long ones
+            flags = ds.map(
+                _empty_flag,
+                fn_kwargs={"fmt": fmt},
+                remove_columns=ds.column_names,
+                desc=f"Prompts of {spec.label}",
+            )[EMPTY]
+            if empty := [i for i, flag in enumerate(flags) if flag]:
+                ds = check.drop_rows(
+                    ds,
+                    empty,
+                    spec.label,
+                    spec.path,
+                    "prompts",
+                    "holding no text",
+                    f"row {empty[0]} has no text",
+                )
+                gone = set(empty)
+                origin = [i for i in range(len(flags)) if i not in gone]
+
+        def normalise(row, idx, spec=spec, origin=origin):
+            idx = idx if origin is None else origin[idx]
             try:
                 row = normalize_row(row, fmt)
                 if spec.prompt_template is not None and row.get("prompt") is not None:
@@ -429,6 +440,8 @@ def load_mixture(specs: list[DatasetSpec], fmt: str, seed: int = 42, prompt_rule
         ds = ds.map(normalise, with_indices=True, remove_columns=remove, desc=f"Checking {spec.label}")
         if prompt_rule is not None:
             ds = prompt_rule.apply(ds, fmt, spec.label)
+        if check is not None:
+            ds = check.apply(ds, spec.label, spec.path, origin)
         ds = _keep_own_label(ds, spec)
         ds = ds.add_column("label", [spec.label] * len(ds))
         ds = _resample(ds, spec, seed + k)

@@ -2,6 +2,7 @@
 
 JSON, JSONL and CSV (each may be ``.gz``, ``.bz2`` or ``.xz`` compressed), Parquet and ``save_to_disk``
 folders; a malformed JSONL line is named by file and line. Hub datasets are unknown here (None).
+:func:`load_one` loads one dataset of a mixture with ``datasets`` (files, folders and hub ids).
 """
 
 from __future__ import annotations
@@ -230,3 +231,39 @@ def peek_rows(spec: DatasetSpec, n: int = 5) -> list[dict] | None:
     except (OSError, ValueError, EOFError):
         return None
     return None
+
+
+def load_one(spec: DatasetSpec):
+    """One dataset of a mixture as a ``datasets.Dataset``: a file, a ``save_to_disk`` folder or a hub id."""
+    import datasets
+
+    p = Path(spec.path).expanduser()
+    try:
+        if p.is_dir() and ((p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()):
+            ds = datasets.load_from_disk(str(p))
+            if isinstance(ds, datasets.DatasetDict):
+                if spec.split not in ds:
+                    raise DnaConfigError(
+                        f"Dataset '{spec.label}' ({spec.path}) has no split '{spec.split}'. "
+                        f"Available: {', '.join(ds)}."
+                    )
+                ds = ds[spec.split]
+            return ds
+        if p.is_file():
+            builder = LOCAL_SUFFIXES.get(data_suffix(p))
+            if builder is None or (p.suffix in COMPRESSIONS and builder not in ("json", "csv")):
+                raise DnaConfigError(
+                    f"Dataset '{spec.path}' has an unsupported suffix. Use .json, .jsonl, .csv (each may be "
+                    ".gz, .bz2 or .xz compressed), .parquet, .arrow or a save_to_disk folder."
+                )
+            return datasets.load_dataset(builder, data_files=str(p), split="train")
+        return datasets.load_dataset(spec.path, name=spec.name, data_files=spec.data_files, split=spec.split)
+    except DnaConfigError:
+        raise
+    except Exception as exc:  # datasets raises many types; the user needs the dataset name and the cause
+        if p.is_file() and data_suffix(p) == ".jsonl" and (bad := first_bad_jsonl_line(p, spec.label)):
+            raise bad from None
+        raise DnaConfigError(
+            f"Could not load dataset '{spec.label}' ({spec.path}): {type(exc).__name__}: {exc}. "
+            "Check the path, split and name (hub ids need network access or a local cache)."
+        ) from None

@@ -19,6 +19,7 @@ from dna_factory.data import load_mixture, parse_specs
 from dna_factory.data_files import looks_local
 from dna_factory.errors import CONFIG_ERRORS, DnaConfigError
 from dna_factory.prompts import PromptArguments, PromptRule, local_chat_template, resolve_prompt_format
+from dna_factory.row_lengths import SERVER_MAX_MODEL_LEN, RowCheck, stage_limit
 from dna_factory.stages import Stage, StageContext
 
 logger = logging.getLogger(__name__)
@@ -144,11 +145,23 @@ def prompt_rule(cfg: ResolvedConfig, tokenizer=None) -> PromptRule:
     return rule
 
 
+def row_check(stage: Stage, cfg: ResolvedConfig, load) -> RowCheck:
+    """The stage's length limit and ``drop_overlong_prompts`` (docs/datasets.md); ``load()`` gives the tokenizer."""
+    limit = stage_limit(stage.data_format, cfg, cfg.services.get(SERVER_MAX_MODEL_LEN))
+    return RowCheck(
+        limit,
+        drop=bool(cfg.of(PromptArguments).drop_overlong_prompts),
+        load_tokenizer=load,
+        chat_template_kwargs=dict(cfg.get("chat_template_kwargs") or {}),
+    )
+
+
 def load_data(stage: Stage, cfg: ResolvedConfig):
     """The tokenizer and the checked, prompt-rendered train and eval mixtures (no model): ``(tok, train, eval)``.
 
     Rows are checked before the tokenizer loads when the model is a local folder (its chat template
-    is read from the files); a hub id's tokenizer loads first, since it decides chat or text.
+    is read from the files); a hub id's tokenizer loads first, since it decides chat or text. Rows
+    over the stage's length limit are dropped or refused as they load (:func:`row_check`).
     """
     from trl import ModelConfig
 
@@ -162,9 +175,14 @@ def load_data(stage: Stage, cfg: ResolvedConfig):
     if local_chat_template(model_args.model_name_or_path) is None:
         tokenizer = load_tokenizer(model_args, training_args)
     rule = prompt_rule(cfg, tokenizer)
+    check = row_check(stage, cfg, lambda: tokenizer or load_tokenizer(model_args, training_args))
     with training_args.main_process_first(desc="dataset loading"):
         train_dataset = load_mixture(
-            parse_specs(run_args.datasets), stage.data_format, seed=training_args.seed, prompt_rule=rule
+            parse_specs(run_args.datasets),
+            stage.data_format,
+            seed=training_args.seed,
+            prompt_rule=rule,
+            check=check,
         )
         eval_dataset = None
         if run_args.eval_datasets:
@@ -173,11 +191,51 @@ def load_data(stage: Stage, cfg: ResolvedConfig):
                 stage.data_format,
                 seed=training_args.seed,
                 prompt_rule=rule,
+                check=check,
             )
     logger.info("Training mixture: %d rows, columns %s", len(train_dataset), train_dataset.column_names)
     if tokenizer is None:
-        tokenizer = load_tokenizer(model_args, training_args)
+        tokenizer = (
+            check.tokenizer() if check.limit is not None else load_tokenizer(model_args, training_args)
+        )
     return tokenizer, train_dataset, eval_dataset
+
+
+def dry_run_rows(stage: Stage, cfg: ResolvedConfig) -> None:
+    """``--dry_run``: the rows of the local datasets checked, lengths measured, as a run would at its start,
+    where the model's tokenizer is on this machine (a local folder or the hub cache); else one line says what
+    was skipped. A bad row is the run's own error line."""
+    from trl import ModelConfig
+
+    model_args = cfg.of(ModelConfig)
+    run_args = cfg.of(RunArguments)
+    model = str(model_args.model_name_or_path)
+    specs = [spec for spec in parse_specs(run_args.datasets) if spec.is_local and spec.weight > 0]
+    missing = [spec.path for spec in specs if not os.path.exists(os.path.expanduser(spec.path))]
+    if not specs or missing:
+        logger.info(
+            "dry run: rows not measured (%s).",
+            f"{', '.join(missing)} not written yet" if missing else "no local dataset",
+        )
+        return
+    if not (os.path.isdir(os.path.expanduser(model)) or _cached(model, model_args.model_revision)):
+        logger.info("dry run: rows not measured: the tokenizer of %s is not on this machine.", model)
+        return
+    training_args = cfg.of(stage.config_class)
+    tokenizer = load_tokenizer(model_args, training_args)
+    check = row_check(stage, cfg, lambda: tokenizer)
+    if check.limit is None:
+        logger.info("dry run: rows not measured: nothing bounds their length (%s).", model)
+        return
+    rule = prompt_rule(cfg, tokenizer)
+    rows = load_mixture(specs, stage.data_format, seed=training_args.seed, prompt_rule=rule, check=check)
+    logger.info("dry run: %d rows of the local datasets kept after the row and length checks.", len(rows))
+
+
+def _cached(model: str, revision: str | None) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(model, "tokenizer_config.json", revision=revision), str)
 
 
 def load_context(stage: Stage, cfg: ResolvedConfig) -> StageContext:

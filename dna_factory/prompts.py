@@ -61,6 +61,15 @@ class PromptArguments:
         default=None,
         metadata={"help": "System turn put before every chat prompt that has none (needs the chat format)."},
     )
+    drop_overlong_prompts: bool = field(
+        default=True,
+        metadata={
+            "help": "Rows over the stage's length limit (SFT, DPO: max_length; GRPO, distill: max_prompt_length and "
+            "the room left for max_completion_length) and prompts with no text: true drops them with a count and the "
+            "first row's index, false refuses them with one error line. Checked at start and under --dry_run "
+            "(docs/datasets.md)."
+        },
+    )
 
 
 # --------------------------------------------------------------------------- chat template (no tokenizer load)

@@ -24,7 +24,7 @@ from pathlib import Path
 from dna_factory.config import ResolvedConfig, RunArguments, resolve
 from dna_factory.config_types import dataclass_defaults, field_types
 from dna_factory.errors import CONFIG_ERRORS, Interrupted
-from dna_factory.loading import building_trainer, load_context, load_data
+from dna_factory.loading import building_trainer, dry_run_rows, load_context, load_data
 from dna_factory.preview import preview, split_preview_flag
 from dna_factory.provenance import provenance
 from dna_factory.rehearsal import (
@@ -336,6 +336,7 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
             return 0
         stage, cfg = prepare(stage_name, run_argv)
         if cfg.of(RunArguments).dry_run:
+            dry_run_rows(stage, cfg)
             print(cfg.render(), end="")
             print(f"# dry run: config valid, all validators passed for {stage.name}.py", file=sys.stderr)
             return 0

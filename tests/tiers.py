@@ -42,6 +42,7 @@ TIERS: dict[str, str] = {
     "tests/test_doctests.py": FAST,
     "tests/test_data_columns.py": FAST,
     "tests/test_data_files.py": FAST,
+    "tests/test_row_lengths.py": FAST,
     "tests/test_distill.py": MIXED,
     "tests/test_distill_alignment.py": FAST,
     "tests/test_distill_families.py": FAST,

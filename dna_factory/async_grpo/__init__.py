@@ -10,14 +10,12 @@ See docs/async-grpo.md.
 """
 
 from dna_factory.async_grpo.preflight import (
-    drop_overlong_prompts,
     validate_async_args,
     validate_async_environment,
     validate_completion_length_against_server,
 )
 
 __all__ = [
-    "drop_overlong_prompts",
     "validate_async_args",
     "validate_async_environment",
     "validate_completion_length_against_server",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dna_factory.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError, DnaServiceError
+from dna_factory.row_lengths import SERVER_MAX_MODEL_LEN
 from dna_factory.services import server_root, wait_for_services
 
 logger = logging.getLogger(__name__)
@@ -213,8 +214,9 @@ def validate_completion_length_against_server(cfg: ResolvedConfig) -> int | None
     return max_model_len
 
 
-MAX_MODEL_LEN = "max_model_len"
-"""The key under which :func:`wait_for_server` leaves the server's ``max_model_len`` in ``cfg.services``."""
+MAX_MODEL_LEN = SERVER_MAX_MODEL_LEN
+"""The key under which :func:`wait_for_server` leaves the server's ``max_model_len`` in ``cfg.services``: the
+prompts' length limit (:mod:`dna_factory.row_lengths`)."""
 
 
 def wait_for_server(cfg: ResolvedConfig) -> None:
@@ -241,45 +243,5 @@ def setup_async_training_args(cfg: ResolvedConfig) -> None:
     a real run checks the server once, in :func:`wait_for_server`, after waiting for it.
     """
     validate_async_args(cfg)
-    if cfg.get("dry_run"):
-        validate_completion_length_against_server(cfg)
-
-
-def drop_overlong_prompts(
-    dataset, tokenizer, max_model_len: int, max_completion_length: int, chat_template_kwargs=None
-):
-    """Remove rows whose rendered prompt + max_completion_length exceeds the server's context (one warning).
-
-    Without this, vLLM answers such a request with HTTP 400, TRL retries it 30 times and the rollout
-    worker dies with an uninformative error (S-ASYNC-7).
-    """
-    limit = max_model_len - max_completion_length
-
-    def prompt_tokens(row) -> int:
-        prompt = row["prompt"]
-        if isinstance(prompt, str):
-            return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        rendered = tokenizer.apply_chat_template(
-            prompt, add_generation_prompt=True, tokenize=True, **(chat_template_kwargs or {})
-        )
-        return len(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)  # BatchEncoding or list
-
-    lengths = [prompt_tokens(row) for row in dataset]
-    keep = [i for i, n in enumerate(lengths) if n <= limit]
-    dropped = len(lengths) - len(keep)
-    if dropped:
-        logger.warning(
-            "Dropped %d of %d prompts longer than %d tokens (server max_model_len %d - max_completion_length %d): "
-            "vLLM would reject them with HTTP 400.",
-            dropped,
-            len(lengths),
-            limit,
-            max_model_len,
-            max_completion_length,
-        )
-    if not keep:
-        raise DnaConfigError(
-            f"Every prompt is longer than {limit} tokens, the room left by max_completion_length={max_completion_length} "
-            f"in the server's max_model_len={max_model_len}. Lower max_completion_length or raise --max-model-len."
-        )
-    return dataset.select(keep) if dropped else dataset, dropped
+    if cfg.get("dry_run") and (max_model_len := validate_completion_length_against_server(cfg)) is not None:
+        cfg.services[MAX_MODEL_LEN] = max_model_len  # the dry run measures the prompts against it

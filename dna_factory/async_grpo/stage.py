@@ -18,7 +18,6 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 from dna_factory.agents.config import AgentArguments
 from dna_factory.async_grpo.preflight import (
     MAX_MODEL_LEN,
-    drop_overlong_prompts,
     setup_async_training_args,
     validate_async_environment,
     wait_for_server,
@@ -79,12 +78,6 @@ class AsyncGRPOStageArguments(GRPOStageArguments):
             "killed."
         },
     )
-    drop_overlong_prompts: bool = field(
-        default=True,
-        metadata={
-            "help": "Drop prompts that cannot fit max_completion_length in the server's max_model_len."
-        },
-    )
 
 
 def agent_keys() -> dict[str, str]:
@@ -136,23 +129,13 @@ def build_trainer(ctx: StageContext):
             f"{ASYNC_NEEDS_CHAT}, but the prompts are plain strings. Use prompt_format: auto or chat with a "
             "model that has a chat template."
         )
-    if stage_args.drop_overlong_prompts:
-        max_model_len = ctx.config.services.get(MAX_MODEL_LEN)
-        if max_model_len is None:  # wait_for_server reads it before the data loads: never train unfiltered
-            raise DnaServiceError(
-                f"The vLLM server's max_model_len was not read before the data loaded ({args.vllm_server_base_url}); "
-                "the prompts cannot be checked against it. Run through the stage's runner (python grpo.py), "
-                "which waits for the server first."
-            )
-        train_dataset, _ = drop_overlong_prompts(
-            train_dataset,
-            ctx.tokenizer,
-            max_model_len,
-            args.max_completion_length,
-            args.chat_template_kwargs,
+    max_model_len = ctx.config.services.get(MAX_MODEL_LEN)
+    if max_model_len is None:  # wait_for_server reads it before the data loads: never train unmeasured rows
+        raise DnaServiceError(
+            f"The vLLM server's max_model_len was not read before the data loaded ({args.vllm_server_base_url}); "
+            "the prompts cannot be checked against it. Run through the stage's runner (python grpo.py), "
+            "which waits for the server first."
         )
-    else:
-        max_model_len = None
     weight_transfer = None
     if stage_args.weight_sync == "file":
         from transformers import AutoConfig  # deferred with the trainer (heavy)

@@ -38,6 +38,7 @@ from dna_factory.distill.tokenizer_alignment import (
 )
 from dna_factory.distill.trainers import LocalTeacherDistillationTrainer, SampledTokenOPDTrainer
 from dna_factory.errors import DnaConfigError
+from dna_factory.row_lengths import PromptLengthArguments
 from dna_factory.services import probe_services, server_root, start_line, wait_for_services
 from dna_factory.stages.base import Stage, StageContext
 
@@ -47,7 +48,7 @@ PROMPT_LEARNING = {"prompttuning": "PromptTuning", "prefixtuning": "PrefixTuning
 
 
 @dataclass
-class DistillStageArguments:
+class DistillStageArguments(PromptLengthArguments):
     """Keys of the distill stage that TRL's DistillationConfig does not have."""
 
     distill_mode: Literal["local_teacher", "server_teacher"] = field(

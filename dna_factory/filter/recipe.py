@@ -66,6 +66,19 @@ class FilterTasksConfig:
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (> 0)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass in (0, 1]."})
     max_tokens: int = field(default=512, metadata={"help": "Most generated tokens per completion."})
+    max_prompt_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Longest prompt in tokens (chat template applied); default: the model's context minus "
+            "max_tokens. backend hf/vllm (a tokenizer here); docs/datasets.md."
+        },
+    )
+    drop_overlong_prompts: bool = field(
+        default=True,
+        metadata={
+            "help": "Prompts over the limit: true drops them with a count and the first row, false refuses."
+        },
+    )
     seed: int = field(
         default=42,
         metadata={"help": "Seed of the dataset mixture, and base sampling seed (row i: seed + i)."},

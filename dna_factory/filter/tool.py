@@ -167,6 +167,7 @@ def run(cfg: FilterTasksConfig) -> dict[str, Any]:
     # as the datasets hold them, so training on it with the same recipe renders them once, not twice.
     dataset = load_mixture(specs, "grpo", seed=cfg.seed, prompt_rule=prompt_rule_of(cfg, load_tokenizer=True))
     source = load_mixture([replace(spec, prompt_template=None) for spec in specs], "grpo", seed=cfg.seed)
+    dataset, source = measured(cfg, dataset, source)
     keys = [prompt_key(i, prompt) for i, prompt in enumerate(dataset["prompt"])]
     with ScoreLog(out / OUTPUT_FILES["scored"], fingerprint(settings_of(cfg))) as log:
         todo = [(i, key) for i, key in enumerate(keys) if key not in log]
@@ -228,6 +229,38 @@ def run(cfg: FilterTasksConfig) -> dict[str, Any]:
         out / OUTPUT_FILES["kept"],
     )
     return report
+
+
+def measured(cfg: FilterTasksConfig, dataset, source):
+    """``(dataset, source)`` without the prompts over the limit (dna_factory.row_lengths), or an error naming the
+    first (``drop_overlong_prompts: false``). backend server: not measured (no tokenizer here)."""
+    from dna_factory.row_lengths import RowCheck, stage_limit
+
+    model = cfg.model if cfg.backend != "server" else None
+    if model is None:
+        logger.info("Prompt lengths not measured: backend server (its tokenizer is not here).")
+        return dataset, source
+    view = {
+        "model_name_or_path": model,
+        "max_prompt_length": cfg.max_prompt_length,
+        "max_tokens": cfg.max_tokens,
+    }
+
+    def tokenizer():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model)
+
+    check = RowCheck(
+        stage_limit("prompt", view, completion_key="max_tokens"),
+        drop=cfg.drop_overlong_prompts,
+        load_tokenizer=tokenizer,
+        chat_template_kwargs=dict(cfg.chat_template_kwargs or {}),
+    )
+    dataset, kept = check.keep(
+        dataset, "mixture", "after the datasets are mixed: rows count from 0 across them"
+    )
+    return dataset, source.select(kept) if len(kept) < len(source) else source
 
 
 async def _run_backend(cfg, dataset, todo, funcs, weights, log, backend) -> _Metrics:

@@ -15,12 +15,13 @@ from dna_factory.grpo.alarms import LearningAlarms
 from dna_factory.grpo.answer_formats import check_gold_cells, warn_unasked_answer_formats
 from dna_factory.grpo.reward_probe import probe_user_rewards
 from dna_factory.grpo.shown_tests import warn_shown_tests
+from dna_factory.row_lengths import PromptLengthArguments
 from dna_factory.validation import dataset_columns
 from rewards.registry import check_reward_columns, resolve_rewards
 
 
 @dataclass
-class GRPOStageArguments:
+class GRPOStageArguments(PromptLengthArguments):
     """Keys of the GRPO stage that TRL's GRPOConfig does not have."""
 
     reward_funcs: list[str | dict] | None = field(
