@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from dna_factory.async_grpo.preflight import drop_overlong_prompts
 from dna_factory.errors import DnaConfigError
 from dna_factory.runner import prepare
 from dna_factory.trl_pin import TRL_VERSION
@@ -138,6 +137,68 @@ def test_accelerate_dispatcher_collates_one_micro_batch_ahead():
     proc = subprocess.run([sys.executable, "-c", LOOK_AHEAD], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["0", "2"], proc.stdout
+
+
+STALENESS = """
+import queue
+from collections import defaultdict
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration
+from torch.utils.data import DataLoader
+from trl.experimental.async_grpo.async_grpo_trainer import RolloutQueueDataset
+from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+MAX_STALENESS = 2
+q = queue.Queue()
+made_by = {g: 0 for g in range(6)} | {6: 9, 7: 9}  # six samples of policy version 0, then two fresh ones
+for g, v in made_by.items():
+    q.put(RolloutSample([], [], np.zeros(2, dtype=np.int64), np.ones(2), np.zeros(2), 0.0, v, g, {}))
+version = 0
+
+
+class Drained(Exception):
+    pass
+
+
+def drained(_):
+    raise Drained
+
+
+metrics = defaultdict(list)
+data = RolloutQueueDataset(q, lambda: version, drained, 60.0, metrics, max_staleness=MAX_STALENESS, poll_interval_s=0.05)
+accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+loader = accelerator.prepare(
+    DataLoader(data, batch_size=1, collate_fn=lambda b: {"group_id": torch.tensor([s["group_id"] for s in b])})
+)
+trained = []
+try:
+    for batch in loader:  # one micro-batch = one optimizer step = one weight sync (gradient_accumulation_steps 1)
+        group = int(batch["group_id"][0])
+        if made_by[group] == 0:
+            trained.append(version - made_by[group])  # staleness where the sample is trained
+        version += 1
+except Drained:
+    pass
+print(max(trained), int(max(metrics["sample/staleness_max"][:4])), len(metrics["sample/dropped_stale_total"]))
+"""
+
+
+def test_staleness_is_checked_one_micro_batch_ahead_of_training():
+    """Pins the inherited off-by-one (#35 item 5; docs/async-grpo.md "Staleness"): TRL's RolloutQueueDataset checks
+    max_staleness when accelerate's dispatcher collates a sample, one micro-batch before it is trained, so with
+    max_staleness 2 a sample is trained at staleness 3 while sample/staleness_max says 2. Real TRL queue dataset,
+    real accelerate dispatcher; a change in either fails here and the docs must follow."""
+    env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", STALENESS], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    trained_max, reported_max, dropped = map(int, proc.stdout.split())
+    assert (trained_max, reported_max) == (3, 2), proc.stdout  # trained at max_staleness + 1, reported at 2
+    assert dropped == 2, proc.stdout
 
 
 def test_trl_rollout_numbering_and_queue_reads_canary():
@@ -407,20 +468,24 @@ def test_wrong_served_model_name_is_reported(vllm_server, tiny_model, tmp_path):
 
 
 def test_overlong_prompts_are_dropped_with_one_warning(tiny_model, caplog):
+    """The server's max_model_len bounds the prompts (S-ASYNC-7): async GRPO's limit in the shared row check."""
     from datasets import Dataset
     from transformers import AutoTokenizer
+
+    from dna_factory.row_lengths import RowCheck, stage_limit
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     rows = [
         {"prompt": [{"role": "user", "content": "What is 1 + 1?"}]},
         {"prompt": [{"role": "user", "content": "word " * 400}]},
     ]
-    kept, dropped = drop_overlong_prompts(
-        Dataset.from_list(rows), tok, max_model_len=128, max_completion_length=64
-    )
-    assert dropped == 1 and len(kept) == 1 and "Dropped 1 of 2 prompts" in caplog.text
-    with pytest.raises(DnaConfigError, match="Every prompt is longer than"):
-        drop_overlong_prompts(Dataset.from_list(rows[1:]), tok, max_model_len=128, max_completion_length=64)
+    limit = stage_limit("grpo", {"max_completion_length": 64}, server_max_model_len=128)
+    check = RowCheck(limit, drop=True, load_tokenizer=lambda: tok)
+    kept = check.apply(Dataset.from_list(rows), "arith", "a.jsonl")
+    assert len(kept) == 1 and "Dropped 1 of 2 prompts longer than 64 tokens" in caplog.text
+    assert "the vLLM server's max_model_len=128 - max_completion_length=64" in caplog.text
+    with pytest.raises(DnaConfigError, match="all its 1 prompts are longer than 64 tokens"):
+        check.apply(Dataset.from_list(rows[1:]), "arith", "a.jsonl")
 
 
 # ----------------------------------------------------------------------------------------- portable attention
@@ -513,6 +578,79 @@ def _wait_for_checkpoint(child: subprocess.Popen, checkpoint: Path, log: Path, t
             f"no complete {checkpoint.name} within {timeout} s: {log.read_text()[-3000:]}"
         )
         time.sleep(0.2)
+
+
+SKIP_SIGNALS = """
+import torch
+from accelerate import Accelerator
+from dna_factory.async_grpo.trainer import _optimizer_steps
+
+for fused in (True, False):
+    accelerator = Accelerator(cpu=True)
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=float("inf"))  # every step overflows
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=fused)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    before = _optimizer_steps(optimizer)
+    accelerator.backward(model(torch.ones(2, 4)).sum())
+    optimizer.step()
+    print(fused, accelerator.optimizer_step_was_skipped, before, _optimizer_steps(optimizer))
+"""
+
+
+def test_a_skipped_step_is_seen_with_fused_and_plain_adamw():
+    """Canary (accelerate 1.15, torch): with a fused AdamW (transformers' default) the scaler hands an overflow to
+    the optimizer, which skips inside its step, and accelerate's optimizer_step_was_skipped stays False; the step
+    count (Adam's state["step"]) does not advance. With a plain AdamW the flag is True. The trainer reads both."""
+    proc = subprocess.run([sys.executable, "-c", SKIP_SIGNALS], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:2] == ["True False 0.0 0.0", "False True 0.0 0.0"], proc.stdout
+
+
+SKIPPED_STEPS = """
+import json, sys
+import torch
+from dna_factory.loading import load_context
+from dna_factory.runner import prepare
+
+stage, cfg = prepare("grpo", sys.argv[1:])
+stage.wait_for_services(cfg)
+trainer = stage.build_trainer(load_context(stage, cfg))
+# A real loss scaler whose scale overflows every step: each optimizer step is skipped, as fp16 training skips one
+# after an overflow (accelerate has no fp16 scaler on CPU, so the test gives it torch's CPU GradScaler).
+trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=float("inf"))
+before = [p.detach().clone() for p in trainer.model.parameters()]
+trainer.train()
+unchanged = all(torch.equal(a, b.detach()) for a, b in zip(before, trainer.model.parameters()))
+print(json.dumps({"trained": sorted(trainer._trained_groups), "skipped": getattr(trainer, "_skipped_steps", None),
+                  "steps": trainer.state.global_step, "unchanged": unchanged,
+                  "optimizer_scaler": getattr(trainer.optimizer, "scaler", None) is not None,
+                  "log": [{k: h.get(k) for k in ("grad_norm", "learning_rate", "loss")} for h in trainer.state.log_history]},
+                 default=str))
+"""
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_skipped_optimizer_step_does_not_count_its_groups_as_trained(vllm_server, tiny_model, tmp_path):
+    """#35 item 5: groups count as trained only when the optimizer step they went into is taken. Every step here
+    is skipped by a real loss scaler (the model does not change), so no group may count as trained."""
+    url = vllm_server.base_url.removesuffix("/v1")
+    args = ["--config", ASYNC, "--vllm_server_base_url", url, "--output_dir", str(tmp_path / "out"),
+            "--max_steps", "2", "--save_steps", "100", "--max_staleness", "100"]  # fmt: skip
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", SKIPPED_STEPS, *args], cwd=REPO, env=cli_env(), capture_output=True, text=True,
+            timeout=600,
+        )  # fmt: skip
+    finally:
+        _restore_server_weights(vllm_server, tiny_model)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["steps"] == 2 and result["skipped"] == 2 and result["unchanged"], json.dumps(result)
+    assert result["trained"] == [], f"groups counted as trained by skipped steps: {result['trained']}"
+    assert "Optimizer step 1 was skipped" in done.stderr and "do not count as trained" in done.stderr
 
 
 @pytest.mark.timeout(600)  # a long test: about a third of this here
@@ -892,6 +1030,37 @@ def test_the_rollout_child_dies_with_a_trainer_killed_outright(vllm_server, tiny
     finally:
         child.poll()
         with contextlib.suppress(ProcessLookupError):  # the session: an orphaned child of a failed run too
+            os.killpg(child.pid, signal.SIGKILL)
+        _restore_server_weights(vllm_server, tiny_model)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_ctrl_c_saves_stops_the_rollout_child_and_prints_one_line(vllm_server, tiny_model, tmp_path):
+    """#35 item 6: Ctrl-C (SIGINT to the whole foreground group, as a terminal sends it: the trainer and its
+    rollout child) during async training saves a checkpoint, stops the child and ends with one "interrupted:" line
+    naming the resume command, exit 130, no traceback."""
+    child, log = _spawn_async_run(
+        vllm_server.base_url.removesuffix("/v1"), tmp_path, "--save_steps", "1", "--max_steps", "100"
+    )
+    try:
+        rollout_pid = _rollout_pid_after_first_checkpoint(child, log, tmp_path)
+        os.killpg(child.pid, signal.SIGINT)
+        status = child.wait(timeout=180)
+        text = log.read_text()
+        last = text.strip().splitlines()[-1]
+        assert status == 130, text[-3000:]
+        assert last.startswith("interrupted: ") and "To resume, rerun: " in last and "saved " in last, last
+        assert "Traceback" not in text, text[-3000:]
+        saved = re.search(r"saved (\S+checkpoint-\d+)", last)
+        assert saved and (Path(saved.group(1)) / "rollout_state.json").is_file(), last
+        deadline = time.time() + 15
+        while _alive(rollout_pid) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _alive(rollout_pid), "the rollout child outlived Ctrl-C"
+    finally:
+        child.poll()
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
         _restore_server_weights(vllm_server, tiny_model)
 

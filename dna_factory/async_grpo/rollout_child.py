@@ -17,7 +17,9 @@ defined here, makes the child import this module, which installs the same patch 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 
 from trl.experimental.async_grpo import async_rollout_worker as _trl_worker
 
@@ -55,11 +57,9 @@ def die_with_parent() -> None:
 
     Linux's ``PR_SET_PDEATHSIG`` kills the child with its parent at once; a thread that watches the parent
     pid covers what that misses (a parent gone before the call, a platform without ``prctl``)."""
-    import contextlib
     import ctypes
     import multiprocessing
     import os
-    import signal
     import sys
     import threading
     import time
@@ -97,10 +97,17 @@ class RolloutLoop(_trl_worker._AsyncRolloutLoop):
     writing them into a full pipe: TRL's ``stop()`` waited 15 s, warned "Child did not exit within
     15s" and terminated the child, every run. :meth:`run` lets the child exit without flushing the
     sample and metric queues (the exception queue, which the trainer reads, still flushes).
+
+    The child ignores SIGINT: a terminal's Ctrl-C is the trainer's to handle (it saves, then stops the child).
     """
 
     def run(self) -> None:
         die_with_parent()
+        # A terminal's Ctrl-C reaches the whole foreground group, this child too: the trainer handles it (it
+        # saves, then stops this child through TRL's stop()); here it was a KeyboardInterrupt traceback and a
+        # "rollout child failed" error line in the middle of a clean stop.
+        with contextlib.suppress(ValueError):  # not the main thread: nothing to ignore
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             super().run()
         finally:

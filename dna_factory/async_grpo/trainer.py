@@ -38,6 +38,7 @@ import logging
 from collections import deque
 from pathlib import Path
 
+from transformers import TrainerCallback
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 from trl.experimental.async_grpo import async_grpo_trainer as _trl_async
 
@@ -161,6 +162,41 @@ class _CollatedGroups:
         self.pending.append(set(group_ids))
 
 
+def _optimizer_steps(optimizer) -> float | None:
+    """How many steps the optimizer has applied to its first trainable parameter (Adam's ``state["step"]``: 0 before
+    the first), or None where the optimizer keeps no count (SGD, a DeepSpeed optimizer)."""
+    try:
+        param = next(p for group in optimizer.param_groups for p in group["params"] if p.requires_grad)
+        state = optimizer.state.get(param)
+    except (AttributeError, KeyError, StopIteration, TypeError):
+        return None
+    if not state:
+        return 0.0
+    step = state.get("step")
+    return None if step is None else float(step)
+
+
+class _CountAtOptimizerStep(TrainerCallback):
+    """After each optimizer step: its micro-batches' groups count as trained, unless the step was skipped (fp16 loss
+    scaling after an overflow, a DeepSpeed skip), when the model never learned from them.
+
+    A skip is accelerate's ``optimizer_step_was_skipped``, or an optimizer step count that did not advance: with a
+    fused optimizer (transformers' default ``adamw_torch_fused``) the scaler hands the overflow to the optimizer,
+    which skips inside its own step, and accelerate's flag stays false."""
+
+    def __init__(self, trainer: DnaAsyncGRPOTrainer):
+        self._trainer = trainer
+        self._before: float | None = None
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self._before = _optimizer_steps(self._trainer.optimizer)
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        after = _optimizer_steps(self._trainer.optimizer)
+        stalled = self._before is not None and after is not None and after <= self._before
+        self._trainer._close_step(bool(self._trainer.accelerator.optimizer_step_was_skipped) or stalled)
+
+
 class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
     """AsyncGRPOTrainer + ``tree_attention: sdpa`` + injected weight transfer + exact resume."""
 
@@ -178,6 +214,9 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
             use_tree_sdpa(self.model)
         self._start = 0  # stream position of worker group 0 (TRL's dataset_start_index)
         self._collated = _CollatedGroups()
+        self._step_groups: set[int] = set()  # used by this optimizer step's micro-batches so far
+        self._skipped_steps = 0
+        self.add_callback(_CountAtOptimizerStep(self))
         self._drops: dict[int, int] = {}
         self._abandoned: set[int] = set()  # positions whose samples were all dropped
         self._recorded: set[int] = set()
@@ -249,12 +288,27 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
         return dataloader
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        """The micro-batch is used here: its groups count as trained from now on (not when collated)."""
+        """The micro-batch is used here (not when collated); its groups count as trained once the optimizer step
+        they went into is taken (:meth:`_close_step`)."""
         groups = self._collated.pending.popleft() if self._collated.pending else set()
         with self._busy("a training step"):
             loss = super().training_step(model, inputs, num_items_in_batch)
-        self._trained_groups.update(groups)
+        self._step_groups.update(groups)
         return loss
+
+    def _close_step(self, skipped: bool) -> None:
+        groups, self._step_groups = self._step_groups, set()
+        if not skipped:
+            self._trained_groups.update(groups)
+            return
+        self._skipped_steps += 1
+        logger.warning(
+            "Optimizer step %d was skipped (gradient overflow: fp16 loss scaling lowers its scale); its %d groups "
+            "do not count as trained (%d skipped steps so far).",
+            self.state.global_step + 1,
+            len(groups),
+            self._skipped_steps,
+        )
 
     def _record_trained(self) -> None:
         if not self.accelerator.is_main_process:

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from dna_factory.errors import DnaConfigError
+from dna_factory.prompts import PromptArguments
+from dna_factory.row_lengths import PromptLengthArguments
 from rewards.options import did_you_mean
 
 BACKENDS = ("server", "vllm", "hf")
@@ -24,8 +26,9 @@ SERVED_NAME = "filter-tasks"
 
 
 @dataclass
-class FilterTasksConfig:
-    """Every key of a filter_tasks recipe (``--help`` prints this list)."""
+class FilterTasksConfig(PromptArguments, PromptLengthArguments):
+    """Every key of a filter_tasks recipe (``--help`` prints this list). The prompt keys are the training stages'
+    own (:class:`~dna_factory.prompts.PromptArguments`, ``max_prompt_length``), so rows are scored as trained."""
 
     datasets: list[dict | str] | None = field(
         default=None,
@@ -66,36 +69,12 @@ class FilterTasksConfig:
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (> 0)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass in (0, 1]."})
     max_tokens: int = field(default=512, metadata={"help": "Most generated tokens per completion."})
-    max_prompt_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "Longest prompt in tokens (chat template applied); default: the model's context minus "
-            "max_tokens. backend hf/vllm (a tokenizer here); docs/datasets.md."
-        },
-    )
-    drop_overlong_prompts: bool = field(
-        default=True,
-        metadata={
-            "help": "Prompts over the limit: true drops them with a count and the first row, false refuses."
-        },
-    )
     seed: int = field(
         default=42,
         metadata={"help": "Seed of the dataset mixture, and base sampling seed (row i: seed + i)."},
     )
     chat_template_kwargs: dict | None = field(
         default=None, metadata={"help": "Extra chat-template variables, e.g. {enable_thinking: false}."}
-    )
-    prompt_format: str = field(
-        default="auto",
-        metadata={
-            "help": "auto | chat | text: string prompts become a user turn of the chat template (as in training; "
-            "docs/datasets.md). auto: chat unless a local model has no template; a server is asked for chat."
-        },
-    )
-    system_prompt: str | None = field(
-        default=None,
-        metadata={"help": "System turn before every chat prompt that has none (as in training)."},
     )
     concurrency: int = field(default=16, metadata={"help": "backend server/vllm: prompts in flight at once."})
     request_timeout_s: float = field(

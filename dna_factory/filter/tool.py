@@ -155,7 +155,6 @@ def run(cfg: FilterTasksConfig) -> dict[str, Any]:
     Returns:
         The report (also written to ``output_dir/report.json``).
     """
-    from dna_factory.data import load_mixture
     from dna_factory.filter.learnability import CLASSES, ScoreLog, fingerprint, prompt_key
     from dna_factory.run_files import write_atomic
     from dna_factory.vllm_server import VLLMServer
@@ -165,9 +164,7 @@ def run(cfg: FilterTasksConfig) -> dict[str, Any]:
     out = Path(cfg.output_dir)
     # Generation sees the prompts as training will (templates, chat, system turn); kept.jsonl gets the rows
     # as the datasets hold them, so training on it with the same recipe renders them once, not twice.
-    dataset = load_mixture(specs, "grpo", seed=cfg.seed, prompt_rule=prompt_rule_of(cfg, load_tokenizer=True))
-    source = load_mixture([replace(spec, prompt_template=None) for spec in specs], "grpo", seed=cfg.seed)
-    dataset, source = measured(cfg, dataset, source)
+    dataset, source = load_prompts(cfg, specs)
     keys = [prompt_key(i, prompt) for i, prompt in enumerate(dataset["prompt"])]
     with ScoreLog(out / OUTPUT_FILES["scored"], fingerprint(settings_of(cfg))) as log:
         todo = [(i, key) for i, key in enumerate(keys) if key not in log]
@@ -231,6 +228,16 @@ def run(cfg: FilterTasksConfig) -> dict[str, Any]:
     return report
 
 
+def load_prompts(cfg: FilterTasksConfig, specs) -> tuple[Any, Any]:
+    """``(dataset, source)``: the mixture as generation sees it (templates, chat, system turn) and as the datasets
+    hold it, both without the prompts over the length limit (:func:`measured`)."""
+    from dna_factory.data import load_mixture
+
+    dataset = load_mixture(specs, "grpo", seed=cfg.seed, prompt_rule=prompt_rule_of(cfg, load_tokenizer=True))
+    source = load_mixture([replace(spec, prompt_template=None) for spec in specs], "grpo", seed=cfg.seed)
+    return measured(cfg, dataset, source)
+
+
 def measured(cfg: FilterTasksConfig, dataset, source):
     """``(dataset, source)`` without the prompts over the limit (dna_factory.row_lengths), or an error naming the
     first (``drop_overlong_prompts: false``). backend server: not measured (no tokenizer here)."""
@@ -281,7 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         resolved, cfg = load_config(argv)
         if cfg.dry_run:
-            validate(cfg)
+            specs, _, _ = validate(cfg)
+            local = all(spec.is_local and Path(spec.path).expanduser().exists() for spec in specs)
+            if local and cfg.backend != "server" and cfg.model and Path(cfg.model).expanduser().is_dir():
+                kept, _ = load_prompts(cfg, specs)  # rows checked, lengths measured, as the run will
+                logger.info("dry run: %d prompts kept after the row and length checks.", len(kept))
             print(resolved.render(), end="")
             print("# dry run: recipe valid.", file=sys.stderr)
             return 0
