@@ -913,8 +913,9 @@ def test_rollout_child_resubmits_a_completion_the_server_aborted(vllm_server):
         loop.vllm_server_url, loop._counters = base, defaultdict(float)
         async with aiohttp.ClientSession() as session:
             loop.session = session
-            # A batch the server ends between two polls (a fast tiny model) is sent again, larger: a longer queue
-            # (--max-num-seqs 16) keeps the server busy for longer; at most three rounds.
+            # A batch the server ends before the pause lands (a fast tiny model, a loaded machine: between two
+            # polls, or between the last poll and /pause) proves nothing: it is sent again, larger (a longer queue
+            # behind --max-num-seqs 16 keeps the server busy for longer); at most three rounds.
             for count in (n, 2 * n, 4 * n):
                 requests = [
                     asyncio.create_task(loop._post("/v1/completions", body, 300)) for _ in range(count)
@@ -924,11 +925,12 @@ def test_rollout_child_resubmits_a_completion_the_server_aborted(vllm_server):
                 )
                 in_flight = sum(not r.done() for r in requests)
                 if generating and in_flight:
+                    await asyncio.to_thread(_post_server, base, "/pause")  # vLLM's default: mode=abort
+                    await asyncio.to_thread(_post_server, base, "/resume")
+                contents = await asyncio.gather(*requests)
+                if loop._counters.get("rollout/aborted_total", 0) >= 1:
                     break
-                await asyncio.gather(*requests)
-            await asyncio.to_thread(_post_server, base, "/pause")  # vLLM's default: mode=abort
-            await asyncio.to_thread(_post_server, base, "/resume")
-            return await asyncio.gather(*requests), dict(loop._counters), in_flight, count
+            return contents, dict(loop._counters), in_flight, count
 
     contents, counters, in_flight, count = asyncio.run(scenario())
     assert in_flight > 0, "every request finished before the abort: the test proves nothing, lengthen it"
