@@ -99,6 +99,8 @@ def stage_limit(
     """This stage's limit (see the module's table), or None where nothing bounds a row."""
     model = cfg.get("model_name_or_path")
     if data_format in ("sft", "dpo"):
+        if data_format == "sft" and cfg.get("packing") and cfg.get("packing_strategy") not in (None, "bfd"):
+            return None  # bfd_split and wrapped cut long rows across packs on purpose: no row is too long
         if (n := cfg.get("max_length")) is not None:
             return LengthLimit(int(n), f"max_length={n}", whole_row=True)
         ctx = model_context(model)
@@ -177,8 +179,10 @@ def longest_token_chars(tokenizer) -> int:
 
 
 def token_counts(tokenizer, texts: list[str], limit: int, k: int) -> list[int]:
-    """Each text's token count, exact up to ``limit``; above it some number > ``limit`` (a prefix of at most
-    ``(limit + 1) * k`` characters is tokenised, which holds more than ``limit`` tokens)."""
+    """Each text's token count, exact up to ``limit``; above it some number > ``limit``: a prefix of at most
+    ``(limit + 1) * k`` characters is tokenised, which holds more than ``limit`` tokens, and a text that had to be
+    cut counts as over the limit whatever its prefix gave (a normaliser that deletes characters, an ``[UNK]`` that
+    covers a whole word)."""
     cap = (limit + 1) * k
     cut = [text if len(text) <= cap else text[:cap] for text in texts]
     if not cut:
@@ -188,9 +192,20 @@ def token_counts(tokenizer, texts: list[str], limit: int, k: int) -> list[int]:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # "longer than the specified maximum sequence length": measuring it is the point
     try:
-        return [len(ids) for ids in tokenizer(cut, add_special_tokens=False)["input_ids"]]
+        counts = [len(ids) for ids in tokenizer(cut, add_special_tokens=False)["input_ids"]]
     finally:
         hf_logging.set_verbosity(verbosity)
+    return [max(n, limit + 1) if len(text) > cap else n for n, text in zip(counts, texts, strict=True)]
+
+
+def special_tokens(row: dict, whole_row: bool, added: int) -> int:
+    """Tokens the trainer adds to a row that its rendered text does not hold: ``added`` (what the tokenizer adds to
+    a text: BOS) before a raw-text row, and EOS after a string completion (TRL's SFT and DPO append it)."""
+    text = row.get("prompt", row.get("text"))
+    raw = isinstance(text, str) or (text is None and isinstance(row.get("chosen"), str))
+    added = added if raw else 0
+    completion = row.get("completion", row.get("chosen"))
+    return added + (1 if whole_row and isinstance(completion, str) else 0)
 
 
 @dataclass
@@ -209,21 +224,31 @@ class RowCheck:
             self._tokenizer = self.load_tokenizer()
         return self._tokenizer
 
-    def lengths(self, dataset) -> list[int]:
-        """Each row's length in tokens, exact up to the limit."""
+    def lengths(self, dataset, label: str = "", path: str = "") -> list[int]:
+        """Each row's length in tokens, exact up to the limit (with the special tokens the trainer adds)."""
         tokenizer = self.tokenizer()
         limit = self.limit.tokens
         k = longest_token_chars(tokenizer)
+        added = len(tokenizer("", add_special_tokens=True)["input_ids"])
         counts: list[int] = []
         for batch in dataset.iter(batch_size=BATCH):
             rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
-            texts = [
-                _row_texts(tokenizer, row, self.limit.whole_row, self.chat_template_kwargs) for row in rows
-            ]
+            texts = []
+            for row in rows:
+                try:
+                    texts.append(_row_texts(tokenizer, row, self.limit.whole_row, self.chat_template_kwargs))
+                except (
+                    Exception
+                ) as exc:  # jinja2's TemplateError (raise_exception in a chat template) and others
+                    raise DnaConfigError(
+                        f"Dataset '{label}' ({path}), row {len(counts) + len(texts)}: the chat template could not "
+                        f"render it: {type(exc).__name__}: {exc}. Fix or remove the row."
+                    ) from None
             flat = token_counts(tokenizer, [t for row_texts in texts for t in row_texts], limit, k)
             at = 0
-            for row_texts in texts:
-                counts.append(max(flat[at : at + len(row_texts)], default=0))
+            for row, row_texts in zip(rows, texts, strict=True):
+                extra = special_tokens(row, self.limit.whole_row, added)
+                counts.append(max(flat[at : at + len(row_texts)], default=0) + extra)
                 at += len(row_texts)
         return counts
 
@@ -237,7 +262,7 @@ class RowCheck:
         everything = list(range(len(dataset)))
         if self.limit is None or len(dataset) == 0:
             return dataset, everything
-        counts = self.lengths(dataset)
+        counts = self.lengths(dataset, label, path)
         over = [i for i, n in enumerate(counts) if n > self.limit.tokens]
         what = "rows" if self.limit.whole_row else "prompts"
         logger.info(

@@ -607,6 +607,23 @@ def test_a_skipped_step_is_seen_with_fused_and_plain_adamw():
     assert proc.stdout.split("\n")[:2] == ["True False 0.0 0.0", "False True 0.0 0.0"], proc.stdout
 
 
+def test_a_taken_step_is_seen_when_the_first_parameter_gets_no_gradient():
+    """A parameter with no gradient (a VLM's vision tower on text prompts) gets no Adam state: the step count is
+    read over every parameter, or every step would look skipped (review of 2bcdde0)."""
+    import torch
+
+    from dna_factory.async_grpo.trainer import _optimizer_steps
+
+    unused, used = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    optimizer = torch.optim.AdamW([*unused.parameters(), *used.parameters()], lr=0.1)
+    assert _optimizer_steps(optimizer) == 0.0
+    for expected in (1.0, 2.0):
+        optimizer.zero_grad()
+        used(torch.ones(2, 4)).sum().backward()
+        optimizer.step()
+        assert _optimizer_steps(optimizer) == expected
+
+
 SKIPPED_STEPS = """
 import json, sys
 import torch
@@ -624,6 +641,7 @@ trainer.train()
 unchanged = all(torch.equal(a, b.detach()) for a, b in zip(before, trainer.model.parameters()))
 print(json.dumps({"trained": sorted(trainer._trained_groups), "skipped": getattr(trainer, "_skipped_steps", None),
                   "steps": trainer.state.global_step, "unchanged": unchanged,
+                  "abandoned": len(getattr(trainer, "_abandoned", ())),
                   "optimizer_scaler": getattr(trainer.optimizer, "scaler", None) is not None,
                   "log": [{k: h.get(k) for k in ("grad_norm", "learning_rate", "loss")} for h in trainer.state.log_history]},
                  default=str))
@@ -650,7 +668,8 @@ def test_a_skipped_optimizer_step_does_not_count_its_groups_as_trained(vllm_serv
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["steps"] == 2 and result["skipped"] == 2 and result["unchanged"], json.dumps(result)
     assert result["trained"] == [], f"groups counted as trained by skipped steps: {result['trained']}"
-    assert "Optimizer step 1 was skipped" in done.stderr and "do not count as trained" in done.stderr
+    assert "Optimizer step 1 was skipped" in done.stderr and "are not trained" in done.stderr
+    assert result["abandoned"] > 0, "the skipped groups must be done (untrained), or the resume mark stalls"
 
 
 @pytest.mark.timeout(600)  # a long test: about a third of this here

@@ -112,7 +112,7 @@ class _Spy:
         self.tokenizer, self.longest = tokenizer, 0
 
     def __call__(self, texts, **kwargs):
-        self.longest = max(self.longest, *(len(t) for t in texts))
+        self.longest = max(self.longest, *(len(t) for t in ([texts] if isinstance(texts, str) else texts)))
         return self.tokenizer(texts, **kwargs)
 
     def __getattr__(self, name):
@@ -164,3 +164,27 @@ def test_the_filter_drops_or_refuses_long_prompts_before_generating(write_jsonl,
         not (tmp_path / "out" / "scored.jsonl").exists()
         or not (tmp_path / "out" / "scored.jsonl").read_text()
     )
+
+
+def test_packing_that_splits_rows_has_no_row_limit_and_bfd_keeps_it():
+    """Review of 1ace90f: with bfd_split or wrapped packing TRL cuts long rows across packs on purpose."""
+    for strategy in ("bfd_split", "wrapped"):
+        assert stage_limit("sft", {"max_length": 128, "packing": True, "packing_strategy": strategy}) is None
+    assert stage_limit("sft", {"max_length": 128, "packing": True, "packing_strategy": "bfd"}).tokens == 128
+
+
+def test_a_cut_text_is_over_the_limit_and_the_trainers_special_tokens_count(tiny_model):
+    """Review of 1ace90f: a text that had to be cut counts as over the limit whatever its prefix gave; EOS after a
+    string completion (TRL's SFT and DPO append it) counts toward the row."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    # a prefix of 'k' characters per token bound: with k=1 every text longer than limit+1 characters is cut
+    assert token_counts(tok, ["word " * 50], 8, 1) == [9]
+    text = "one two three four"
+    n = len(tok(text, add_special_tokens=False)["input_ids"])
+    check = RowCheck(stage_limit("sft", {"max_length": 2 * n}), drop=True, load_tokenizer=lambda: tok)
+    rows = Dataset.from_list([{"prompt": text, "completion": text}])
+    eos = 1
+    assert check.lengths(rows) == [2 * n + len(tok("", add_special_tokens=True)["input_ids"]) + eos]

@@ -156,11 +156,13 @@ class RolloutWatchdog:
         if process is None or self._stopping.is_set():
             return None
         if self.worker._failed_event.is_set() and self._failure is None:
-            try:
-                type_name, message, _ = self.worker._exception_info_queue.get_nowait()
-                self._failure = (type_name, message)
-            except queue.Empty:
-                self._failure = ("an exception", "")
+            with self._lock:  # one reader of the exception queue: the other thread must not see it empty
+                if self._failure is None:
+                    try:
+                        type_name, message, _ = self.worker._exception_info_queue.get_nowait()
+                        self._failure = (type_name, message)
+                    except queue.Empty:
+                        self._failure = ("an exception", "")
         if self._failure is not None:
             type_name, message = self._failure
             text = " ".join(f"{type_name}: {message}".split())[:400]
@@ -213,9 +215,10 @@ class RolloutWatchdog:
                     now - was_down,
                 )
             return None
-        self._down_since = self._down_since or now
-        if now - self._down_since >= self.timeouts.server_down_s:
-            self._note(self._server_down(self._down_since, last), server=True)
+        with self._lock:  # the watch thread and check_health both probe
+            since = self._down_since = self._down_since or now
+        if now - since >= self.timeouts.server_down_s:
+            self._note(self._server_down(since, last), server=True)
         return last
 
     # ------------------------------------------------------------------ the thread

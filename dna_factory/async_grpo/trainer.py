@@ -163,17 +163,19 @@ class _CollatedGroups:
 
 
 def _optimizer_steps(optimizer) -> float | None:
-    """How many steps the optimizer has applied to its first trainable parameter (Adam's ``state["step"]``: 0 before
-    the first), or None where the optimizer keeps no count (SGD, a DeepSpeed optimizer)."""
+    """The most steps the optimizer has applied to any parameter (Adam's ``state["step"]``: 0 before the first), or
+    None where it keeps no count (SGD, a DeepSpeed optimizer). The most, not the first parameter's: a parameter
+    that gets no gradient (a VLM's vision tower on text prompts) never gets a state."""
     try:
-        param = next(p for group in optimizer.param_groups for p in group["params"] if p.requires_grad)
-        state = optimizer.state.get(param)
-    except (AttributeError, KeyError, StopIteration, TypeError):
+        states = list(optimizer.state.values())
+    except (AttributeError, TypeError):
         return None
-    if not state:
-        return 0.0
-    step = state.get("step")
-    return None if step is None else float(step)
+    steps = [
+        float(state["step"]) for state in states if isinstance(state, dict) and state.get("step") is not None
+    ]
+    if steps:
+        return max(steps)
+    return 0.0 if not any(states) else None
 
 
 class _CountAtOptimizerStep(TrainerCallback):
@@ -302,9 +304,11 @@ class DnaAsyncGRPOTrainer(AsyncGRPOTrainer):
             self._trained_groups.update(groups)
             return
         self._skipped_steps += 1
+        # done untrained, like a group whose samples were all dropped: the resume mark moves past them
+        self._abandoned.update(self._position(g) for g in groups if g not in self._trained_groups)
         logger.warning(
             "Optimizer step %d was skipped (gradient overflow: fp16 loss scaling lowers its scale); its %d groups "
-            "do not count as trained (%d skipped steps so far).",
+            "are not trained and, like dropped samples, not generated again (%d skipped steps so far).",
             self.state.global_step + 1,
             len(groups),
             self._skipped_steps,

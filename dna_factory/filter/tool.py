@@ -29,6 +29,7 @@ from dna_factory.filter.recipe import (
     settings_of,
     validate,
 )
+from dna_factory.row_lengths import RowCheck, stage_limit
 
 # Heavy imports (datasets, torch, trl, aiohttp) happen inside the functions that need them, so
 # --help and recipe errors answer in a fraction of a second.
@@ -233,16 +234,19 @@ def load_prompts(cfg: FilterTasksConfig, specs) -> tuple[Any, Any]:
     hold it, both without the prompts over the length limit (:func:`measured`)."""
     from dna_factory.data import load_mixture
 
-    dataset = load_mixture(specs, "grpo", seed=cfg.seed, prompt_rule=prompt_rule_of(cfg, load_tokenizer=True))
-    source = load_mixture([replace(spec, prompt_template=None) for spec in specs], "grpo", seed=cfg.seed)
+    # Prompts with no text are found before templates render, so both loads drop the same rows and stay aligned.
+    empty = RowCheck(None, drop=cfg.drop_overlong_prompts)
+    rule = prompt_rule_of(cfg, load_tokenizer=True)
+    dataset = load_mixture(specs, "grpo", seed=cfg.seed, prompt_rule=rule, check=empty)
+    source = load_mixture(
+        [replace(spec, prompt_template=None) for spec in specs], "grpo", seed=cfg.seed, check=empty
+    )
     return measured(cfg, dataset, source)
 
 
 def measured(cfg: FilterTasksConfig, dataset, source):
     """``(dataset, source)`` without the prompts over the limit (dna_factory.row_lengths), or an error naming the
     first (``drop_overlong_prompts: false``). backend server: not measured (no tokenizer here)."""
-    from dna_factory.row_lengths import RowCheck, stage_limit
-
     model = cfg.model if cfg.backend != "server" else None
     if model is None:
         logger.info("Prompt lengths not measured: backend server (its tokenizer is not here).")
