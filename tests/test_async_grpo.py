@@ -995,6 +995,21 @@ def _kill_session(child: subprocess.Popen) -> None:
         child.wait()
 
 
+def _assert_gone_within(pid: int, why: str, bound_s: float = 15) -> None:
+    """``pid`` ends within ``bound_s`` (a failure guard, not a speed target)."""
+    deadline = time.time() + bound_s
+    while _alive(pid) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _alive(pid), why
+
+
+def _end_session(child: subprocess.Popen) -> None:
+    """SIGKILL the run's whole session: an orphaned child of a failed run too."""
+    child.poll()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+
+
 def _rollout_pid_after_first_checkpoint(child, log: Path, tmp_path: Path) -> int:
     """Wait for the run's checkpoint-1; the pid of its rollout child, from the trainer's log."""
     _wait_for_checkpoint(child, tmp_path / "run" / "checkpoint-1", log)
@@ -1044,14 +1059,9 @@ def test_the_rollout_child_dies_with_a_trainer_killed_outright(vllm_server, tiny
         rollout_pid = _rollout_pid_after_first_checkpoint(child, log, tmp_path)
         assert _alive(rollout_pid)
         os.kill(child.pid, signal.SIGKILL)
-        deadline = time.time() + 15
-        while _alive(rollout_pid) and time.time() < deadline:
-            time.sleep(0.2)
-        assert not _alive(rollout_pid), "the rollout child outlived its trainer"
+        _assert_gone_within(rollout_pid, "the rollout child outlived its trainer")
     finally:
-        child.poll()
-        with contextlib.suppress(ProcessLookupError):  # the session: an orphaned child of a failed run too
-            os.killpg(child.pid, signal.SIGKILL)
+        _end_session(child)
         _restore_server_weights(vllm_server, tiny_model)
 
 
@@ -1075,14 +1085,9 @@ def test_ctrl_c_saves_stops_the_rollout_child_and_prints_one_line(vllm_server, t
         assert "Traceback" not in text, text[-3000:]
         saved = re.search(r"saved (\S+checkpoint-\d+)", last)
         assert saved and (Path(saved.group(1)) / "rollout_state.json").is_file(), last
-        deadline = time.time() + 15
-        while _alive(rollout_pid) and time.time() < deadline:
-            time.sleep(0.2)
-        assert not _alive(rollout_pid), "the rollout child outlived Ctrl-C"
+        _assert_gone_within(rollout_pid, "the rollout child outlived Ctrl-C")
     finally:
-        child.poll()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
+        _end_session(child)
         _restore_server_weights(vllm_server, tiny_model)
 
 
