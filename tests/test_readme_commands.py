@@ -25,6 +25,7 @@ NOT_HERE = {
     "my-": "a file the reader writes (my-filter.yaml)",
     "scripts/gpu_smoke.py": "needs a GPU (its --cpu mode runs in the slow tier: tests/test_rehearsal.py)",
     "scripts/check_gpu_install.py": "asks PyPI (tests/test_gpu_pins.py checks its record offline)",
+    "scripts/tiny_judge.py": "a server that runs until stopped (tests/test_families.py starts and queries it)",
 }
 
 

@@ -49,6 +49,7 @@ TIERS: dict[str, str] = {
     "tests/test_distill_fused.py": FAST,
     "tests/test_distributed.py": SLOW,
     "tests/test_dynamic_sampling.py": MIXED,
+    "tests/test_families.py": MIXED,
     "tests/test_filter_tasks.py": MIXED,
     "tests/test_grpo.py": FAST,
     "tests/test_hub_twins.py": FAST,

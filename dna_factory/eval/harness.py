@@ -43,7 +43,7 @@ from dna_factory.run_files import write_atomic
 
 logger = logging.getLogger(__name__)
 
-LOCAL_TASKS = ("arith", "largest", "kmmlu_pro")
+LOCAL_TASKS = ("arith", "largest", "tiny_coding", "tiny_if", "tiny_judge", "kmmlu_pro")
 """The ``@task`` functions of ``dna_factory/eval/tasks.py`` (a test keeps the two in sync)."""
 TASKS_FILE = Path(__file__).with_name("tasks.py")
 SERVICE = "dna"

@@ -13,6 +13,9 @@ checks it), so that task names resolve without importing Inspect in the trainer.
 * ``largest``: the held-out "Which number is largest: ...?" and "What is one more than the largest:
   ...?" questions (``data/tiny/largest_eval.jsonl``, 100 of each), fully offline; the CPU demo pipeline
   uses it.
+* ``tiny_coding``, ``tiny_if``, ``tiny_judge``: the held-out splits of the families recipe
+  (``data/families/*_eval.jsonl``, docs/families.md), each scored by its RL stage's own reward
+  (:mod:`dna_factory.eval.reward_task`); the metric is ``reward``, the mean reward.
 * ``kmmlu_pro``: KMMLU-Pro (Korean professional licensure exams, ``LGAI-EXAONE/KMMLU-Pro``
   on the Hugging Face Hub, gated), which ``inspect_evals`` does not ship; for GPU machines
   with Hub access.
@@ -29,32 +32,23 @@ from typing import Any
 
 from inspect_ai import Task, task
 from inspect_ai.dataset import MemoryDataset, Sample, hf_dataset
-from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageUser
 from inspect_ai.scorer import choice, match
 from inspect_ai.solver import generate, multiple_choice
+
+from dna_factory.eval.reward_task import chat_input, reward_task
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # dna_factory/eval/tasks.py -> the checkout
 ARITH_PATH = REPO_ROOT / "data" / "tiny" / "arith_eval.jsonl"
 LARGEST_PATH = REPO_ROOT / "data" / "tiny" / "largest_eval.jsonl"
 KMMLU_PRO_DATASET = "LGAI-EXAONE/KMMLU-Pro"
 
-
-CHAT_MESSAGES = {"system": ChatMessageSystem, "user": ChatMessageUser, "assistant": ChatMessageAssistant}
+FAMILIES_DIR = REPO_ROOT / "data" / "families"
 
 
 def prompt_solution_sample(record: dict[str, Any], index: int) -> Sample:
-    """One ``{"prompt": ..., "solution": "17"}`` row as an Inspect sample, under the training prompt rule.
-
-    A string prompt is the user turn; a chat prompt keeps every turn (a system turn included). Inspect
-    sends them through the server's chat API, so the served model's chat template renders them as
-    training did (docs/datasets.md).
-    """
-    prompt = record["prompt"]
-    if isinstance(prompt, str):
-        chat: str | list = prompt
-    else:
-        chat = [CHAT_MESSAGES[m["role"]](content=m["content"]) for m in prompt]
-    return Sample(id=index, input=chat, target=str(record["solution"]))
+    """One ``{"prompt": ..., "solution": "17"}`` row as an Inspect sample, under the training prompt rule
+    (:func:`dna_factory.eval.reward_task.chat_input`)."""
+    return Sample(id=index, input=chat_input(record["prompt"]), target=str(record["solution"]))
 
 
 def last_number_task(path: str | Path, name: str) -> Task:
@@ -82,6 +76,41 @@ def largest(path: str = str(LARGEST_PATH)) -> Task:
         path: A JSONL file of ``prompt`` (chat messages) + ``solution`` rows.
     """
     return last_number_task(path, "largest")
+
+
+FAMILY_TASKS: dict[str, tuple[str, dict[str, Any]]] = {
+    "tiny_coding": ("coding_eval.jsonl", {"factory": "code_execution"}),
+    "tiny_if": ("if_eval.jsonl", {"factory": "instruction_following"}),
+    "tiny_judge": ("rlhf_eval.jsonl", {"factory": "judge", "rubric": "rewards/prompts/default.md"}),
+}
+"""The families recipe's tasks: task -> (its held-out file in ``data/families/``, the reward its RL stage trains on,
+as the stage's ``reward_funcs`` entry; a test keeps the two alike)."""
+
+
+def family_task(name: str, path: str | None) -> Task:
+    held_out, spec = FAMILY_TASKS[name]
+    return reward_task(path or FAMILIES_DIR / held_out, name, spec)
+
+
+@task
+def tiny_coding(path: str | None = None) -> Task:
+    """The families recipe's coding task: 100 held-out "Write a Python program that prints the largest of ..."
+    prompts, scored by the coding stage's reward (``code_execution``, the sandbox, stdin/stdout tests)."""
+    return family_task("tiny_coding", path)
+
+
+@task
+def tiny_if(path: str | None = None) -> Task:
+    """The families recipe's instruction-following task: 100 held-out questions with one IFEval instruction,
+    scored by the IF stage's reward (``instruction_following``, the IFEval checkers)."""
+    return family_task("tiny_if", path)
+
+
+@task
+def tiny_judge(path: str | None = None) -> Task:
+    """The families recipe's RLHF task: 100 held-out questions, scored by the RLHF stage's reward (``judge``
+    with the default rubric, at ``JUDGE_BASE_URL``: the share of answers the judge scores 7 or more)."""
+    return family_task("tiny_judge", path)
 
 
 def kmmlu_pro_sample(record: dict[str, Any]) -> Sample:

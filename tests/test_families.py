@@ -1,0 +1,237 @@
+"""The families recipe (configs/recipes/tiny-cpu-families.yaml, docs/families.md): every RL family raises its own
+held-out metric, scored by its own reward; the tiny judge, the reward-scored eval tasks and ``model: ${stage}``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, cli_env, run_cli
+
+RECIPE = "configs/recipes/tiny-cpu-families.yaml"
+FAMILIES = {  # RL stage -> its held-out metric
+    "coding-rl": "eval/tiny_coding",
+    "if-rl": "eval/tiny_if",
+    "rlhf": "eval/tiny_judge",
+}
+MARGIN = 0.3
+"""The least rise of every family's held-out metric. The issue's bar is 0.1 or twice the seed-to-seed spread,
+whichever is larger; over three seeds the rises were +0.70 to +0.84 and the spread at most 0.1 (docs/families.md),
+so 0.3 leaves room for a noisy machine and still fails a family that learns little."""
+
+
+def start_judge() -> tuple[subprocess.Popen, str]:
+    """scripts/tiny_judge.py on a free port; returns the process and its JUDGE_BASE_URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "scripts/tiny_judge.py", "--port", "0"],
+        cwd=REPO,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline()  # "tiny judge on http://127.0.0.1:PORT/v1"
+    assert line.startswith("tiny judge on "), line
+    return proc, line.split()[-1]
+
+
+@pytest.fixture(scope="module")
+def judge():
+    proc, url = start_judge()
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+# ---------------------------------------------------------------------- the tiny judge
+
+
+def test_tiny_judge_grades_the_rubric_for_the_smallest_question():
+    from tiny_judge import grade
+
+    question = "Which number is smallest: 1, 0, 4, 6?"
+    assert grade(question, "The smallest of 1, 0, 4, 6 is 0.") == 9
+    assert grade(question, "\n\nthe smallest of 1, 0, 4, 6 is 0") == 9  # case, spacing, final period
+    assert grade(question, "0") == grade(question, "The answer is 0.") == 6  # right, but bare
+    # what a policy found when the full answer only had to appear somewhere: right last number, junk around it
+    assert grade(question, "The smallest of 1, 0, 4, 6 is 0, 1, 0") == 3
+    assert grade(question, "The smallest of 1, 0, 4, 6 is 1.") == 1
+    assert grade("What is 2 + 2?", "4") == 1
+
+
+def test_tiny_judge_serves_the_judge_reward_over_http(judge, monkeypatch):
+    """The real judge reward, over HTTP: only the full right answer passes the threshold."""
+    from rewards.generative import make_judge_reward
+
+    monkeypatch.setenv("JUDGE_BASE_URL", judge)
+    reward = make_judge_reward("rewards/prompts/default.md")
+    prompt = [{"role": "user", "content": "Which number is smallest: 8, 3, 5, 9?"}]
+    answers = ["The smallest of 8, 3, 5, 9 is 3.", "3", "The smallest of 8, 3, 5, 9 is 5."]
+    scores = asyncio.run(
+        reward(prompts=[prompt] * 3, completions=[[{"role": "assistant", "content": a}] for a in answers])
+    )
+    assert scores == [1.0, 0.0, 0.0]
+
+
+# ---------------------------------------------------------------------- reward-scored eval tasks
+
+
+def test_a_reward_task_scores_with_the_stage_reward_and_leaves_abstentions_out():
+    """An abstention (None, a judge that did not answer) is left out of the mean, never scored 0."""
+    from inspect_ai.scorer import SampleScore, Score
+
+    from dna_factory.eval.reward_task import abstained, reward, reward_samples, score_completion
+    from rewards.registry import resolve_reward
+
+    [sample] = reward_samples(REPO / "data" / "families" / "coding_eval.jsonl")[:1]
+    code_reward, _ = resolve_reward({"factory": "code_execution"})
+    digits = sample.metadata["prompt"][0]["content"].removesuffix(".").split(" of ")[1]
+    function = "max" if "largest" in sample.metadata["prompt"][0]["content"] else "min"
+    right = f"```python\nprint({function}([{digits}]))\n```"
+    wrong = f"```python\nprint([{digits}][-1] + 10)\n```"
+    values = [
+        asyncio.run(score_completion(code_reward, sample.metadata["prompt"], [{"role": "assistant", "content": a}],
+                                     sample.metadata["columns"]))
+        for a in (right, wrong)
+    ]  # fmt: skip
+    assert values == [1.0, 0.0]
+
+    scores = [SampleScore(score=Score(value=v)) for v in (1.0, 0.0, float("nan"), 1.0)]
+    assert reward()(scores) == pytest.approx(2 / 3)
+    assert abstained()(scores) == 1.0
+    assert math.isnan(reward()([SampleScore(score=Score(value=float("nan")))]))
+
+
+def test_family_eval_tasks_score_with_the_reward_their_stage_trains_on():
+    """Each family's eval task reads its stage's held-out split and scores with the reward the stage trains on."""
+    import yaml
+
+    from dna_factory.eval.tasks import FAMILY_TASKS
+
+    recipe = yaml.safe_load((REPO / RECIPE).read_text())
+    stages = {s["name"]: s for s in recipe["stages"] if s["name"] in FAMILIES}
+    assert set(stages) == set(FAMILIES)
+    for name, stage in stages.items():
+        [task_name] = stage["overrides"]["eval_tasks"]
+        assert f"eval/{task_name}" == FAMILIES[name]
+        held_out, spec = FAMILY_TASKS[task_name]
+        [train_file] = [d["path"] for d in stage["overrides"]["datasets"]]
+        assert train_file == f"data/families/{held_out.replace('_eval', '_prompts')}"
+        config = yaml.safe_load((REPO / stage["config"]).read_text())
+        assert config["reward_funcs"] == [spec]
+
+
+def test_held_out_prompts_appear_in_no_training_file():
+    folder = REPO / "data" / "families"
+    training = set()
+    for path in folder.glob("*.jsonl"):
+        if not path.name.endswith("_eval.jsonl"):
+            for line in path.read_text().splitlines():
+                row = json.loads(line)
+                for message in row.get("prompt") or row.get("messages") or []:
+                    if isinstance(message, dict) and message.get("role") == "user":
+                        training.add(message["content"])
+    for path in folder.glob("*_eval.jsonl"):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        held = {m["content"] for row in rows for m in row["prompt"] if m["role"] == "user"}
+        assert held and not held & training, path.name
+
+
+# ---------------------------------------------------------------------- the recipe learns
+
+
+@pytest.fixture(scope="module")
+def families_run(tmp_path_factory, families_model, judge):
+    out = tmp_path_factory.mktemp("families") / "run"
+    proc = run_cli(
+        "pipeline.py", "--recipe", RECIPE, "--output_dir", str(out), timeout=1800, JUDGE_BASE_URL=judge
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc, out, json.loads((out / "pipeline_report.json").read_text())
+
+
+@pytest.mark.timeout(1800)  # the first test runs the recipe: about 5 min here
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", sorted(FAMILIES))
+def test_every_family_raises_its_own_held_out_metric(families_run, stage):
+    proc, out, report = families_run
+    row = {s["name"]: s for s in report["stages"]}[stage]
+    assert row["status"] == "done" and row["eval_metric"] == FAMILIES[stage]
+    assert row["eval_before_from"] == "baseline"  # its SFT start, evaluated on its own task
+    done = json.loads((out / f"{row['index']}-{stage}" / "DONE.json").read_text())
+    assert done["input_model"] == str(out / "1-sft")
+    assert row["eval_after"] - row["eval_before"] >= MARGIN, (row["eval_before"], row["eval_after"])
+    metric = FAMILIES[stage].removeprefix("eval/")
+    assert f"{metric} {row['eval_before']:.4g} → {row['eval_after']:.4g}" in proc.stdout
+
+
+# ---------------------------------------------------------------------- model: ${stage}
+
+
+def test_a_stage_model_may_name_an_earlier_stage(tmp_path):
+    """``model: ${sft}``: the stage starts from that stage's final model and depends on it, not on the previous one."""
+    from dna_factory.pipeline_recipe import input_model, load_pipeline
+    from dna_factory.pipeline_state import dependencies
+
+    pipeline = load_pipeline(REPO / RECIPE)
+    pipeline.output_dir = tmp_path
+    stages = {s.name: s for s in pipeline.stages}
+    for name in FAMILIES:
+        assert input_model(pipeline, stages[name]) == str(tmp_path / "1-sft")
+        assert [s.name for s in dependencies(pipeline, stages[name])] == ["sft"]
+    (tmp_path / "1-sft").mkdir()
+    (tmp_path / "1-sft" / "DONE.json").write_text(json.dumps({"model": "elsewhere/merged"}))
+    assert input_model(pipeline, stages["rlhf"]) == "elsewhere/merged"  # what sft recorded as its final model
+
+
+@pytest.mark.parametrize(
+    ("model", "error"),
+    [
+        ("${rlhf}", "refers to ${rlhf}, which is not an earlier stage"),
+        ("${sft}/x", "write a path, or one reference to an earlier stage"),
+    ],
+)
+def test_a_stage_model_reference_must_name_an_earlier_stage(tmp_path, model, error):
+    import yaml
+
+    recipe = yaml.safe_load((REPO / RECIPE).read_text())
+    recipe["stages"][1]["model"] = model
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    proc = run_cli("pipeline.py", "--recipe", str(path), "--dry_run")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert error in proc.stderr
+
+
+def test_the_families_recipe_passes_dry_run(families_model, judge):
+    proc = run_cli("pipeline.py", "--recipe", RECIPE, "--dry_run", JUDGE_BASE_URL=judge)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "4 stage(s)" in proc.stdout
+    assert proc.stdout.count("eval=the pipeline's eval server") == 3
+    assert "The judge server at" in proc.stderr and "answers /health" in proc.stderr
+
+
+def test_the_families_model_keeps_qwen3s_template_and_knows_the_families_text(families_model):
+    """The families student: TRL's qwen3.jinja verbatim (TRL recognises templates by exact string), a 2,048-entry
+    vocabulary, and every demonstration under 450 tokens (an agent's, tool schema included, ~700 with the
+    student's tokenizer)."""
+    import trl
+    from make_tiny_model import FAMILIES_VOCAB_SIZE
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(families_model)
+    assert len(tokenizer) == FAMILIES_VOCAB_SIZE
+    trl_templates = Path(trl.__file__).parent / "chat_templates"
+    assert tokenizer.chat_template == (trl_templates / "qwen3.jinja").read_text(encoding="utf-8")
+    lengths = []
+    for name in ("sft.jsonl", "sft_agents.jsonl"):
+        for line in (REPO / "data" / "families" / name).read_text().splitlines()[:200]:
+            row = json.loads(line)
+            tools = json.loads(row["tools"]) if row.get("tools") else None
+            lengths.append(len(tokenizer.apply_chat_template(row["messages"], tools=tools, tokenize=True)))
+    assert max(lengths) < 450, max(lengths)
