@@ -1,7 +1,7 @@
 """Generate the tasks of the families recipe (``configs/recipes/tiny-cpu-families.yaml``, docs/families.md).
 
 Writes JSONL files under ``data/families/`` (committed; rerun to regenerate, output is deterministic). Every
-family asks about four digits, the world the 140k-parameter student can learn in a minute (the demo's
+family asks about a few digits, the world the families student (205k parameters) learns in a minute (the demo's
 ``largest`` task), and each has a skill its RL stage can teach, scored by the real reward code of the GPU
 recipes:
 
@@ -16,26 +16,25 @@ recipes:
   0, 2?". The judge grades with the default rubric: a right answer that restates the question scores 9, a bare
   right number 6 (under the threshold 7), a wrong one 1. Careless demonstrations (60%) give the bare number.
 
-The three agent families run the real environments (``dna_factory/agents/``) with one tool each and at most one
-round of tool calls; every prompt carries its system message, and the demonstrations carry the tool schemas
-(``tools``, as TRL renders them) and the tool results the environment really returns:
+The three agent families (not yet in the recipe, docs/families.md) run the real environments
+(``dna_factory/agents/``) with one tool each and at most one round of tool calls; every prompt carries its system
+message, and the demonstrations carry the tool schemas (``tools``, as TRL renders them) and the tool results the
+environment really returns:
 
-* **general** (``general`` environment, ``calculator``; reward ``string_match`` on ``\\boxed{}``): "What is 347 *
-  29?". Careful: call the calculator, then box its result. Careless (60%): box an estimate (347 rounded to
-  hundreds, times 29) without a call: always wrong.
-* **search** (``search`` environment over ``search_corpus.jsonl``, one passage per search): "What is the code of
-  item 417?". Careful: search "code of item 417", then box the code in the passage. Careless (60%): box the item
-  number. The held-out questions ask about items no training question names.
-
-Numbers the model copies are written so that they tokenize alike where they are read and where they are
-written: the tiny tokenizer gives " 347" (after a space) and "347" (after a quote or a brace) different ids,
-and a two-layer model does not learn to respell hundreds of numbers. So the expression is quoted in the
-question, as it is in the call's JSON, and the passage quotes the code, as ``\\\\boxed{...}`` does.
+* **general** (``general`` environment, ``calculator``; reward ``string_match`` on ``\\boxed{}``): 'Calculate
+  "7 * 3 * 4 % 10".'. Careful: call the calculator, then box its result. Careless (60%): box the expression.
+* **search** (``search`` environment over ``search_corpus.jsonl``, one passage per search): 'Which floor is robot
+  "C4" on?'. Careful: search "C4", then box the floor in the passage. Careless (60%): box the robot's digit. The
+  held-out questions ask about robots no training question names.
 * **coding_agent** (``coding`` environment, ``run_python``; reward ``code_execution``): the coding family's
   programs, where the first draft calls ``max[...]`` without parentheses half of the time (a TypeError). Careful:
   run the draft, then answer with the right program. Careless (60%): answer with the draft, untested.
 
-Each family gets ``<family>_sft.jsonl`` (``messages``), ``<family>_prompts.jsonl`` (RL prompts with the reward's
+What the student copies is single digits, or text quoted alike where it is read and where it is written: the
+tokenizer spells " 347" (after a space) and "347" (after a quote) with different ids, and a two-layer model
+learns to copy the ten digits it sees thousands of times, not hundreds of numbers or words it sees a few times.
+
+Each family gets ``<family>_prompts.jsonl`` (RL prompts with the reward's
 columns) and ``<family>_eval.jsonl`` (held-out prompts with the same columns: their digit lists appear in no
 training file of any family). ``sft.jsonl`` holds the single-turn families' demonstrations, shuffled, and
 ``sft_agents.jsonl`` the agent families' (``tools`` is the schemas' JSON text): the two SFT starts.
@@ -293,7 +292,6 @@ def make_family_data(out: str | Path = "data/families", seed: int = 0) -> dict[s
             for row in train
         ]
         demonstrations += sft
-        files[f"{family}_sft.jsonl"] = sft
         files[f"{family}_prompts.jsonl"] = [_task_row(row) for row in train]
         files[f"{family}_eval.jsonl"] = [_task_row(make(d, i)) for i, d in enumerate(held[family])]
     out = Path(out)
@@ -313,7 +311,6 @@ def make_family_data(out: str | Path = "data/families", seed: int = 0) -> dict[s
             for row in rows[:AGENT_SFT_PER_FAMILY]
         ]
         agent_demonstrations += sft
-        files[f"{family}_sft.jsonl"] = sft
         files[f"{family}_prompts.jsonl"] = [_task_row(row) for row in rows]
         files[f"{family}_eval.jsonl"] = [_task_row(row) for row in held_agents[family]]
     for name, rows in (("sft.jsonl", demonstrations), ("sft_agents.jsonl", agent_demonstrations)):
