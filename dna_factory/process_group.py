@@ -8,6 +8,12 @@ register here while they run, so that :func:`stop_all` — the ``atexit`` hook a
 :func:`install_cleanup_hooks` installs — stops every group the owner started when the owner ends (a SLURM
 preemption, a Ctrl-C that reaches only the trainer).
 
+An owner killed outright (SIGKILL, the OOM killer, a native crash) runs none of that, so the children also
+follow their owner themselves (:func:`follow_owner`): the harness exits, the async rollout child exits, and a
+vLLM server runs under ``python -m dna_factory.process_group OWNER_PID GRACE_S MODULE ARGS...``, which runs
+``MODULE`` as ``python -m`` would, in the same process, and stops its group (SIGTERM, then SIGKILL after
+``GRACE_S``) once its owner is gone.
+
 Example:
     >>> import subprocess, sys
     >>> proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
@@ -21,10 +27,13 @@ import atexit
 import contextlib
 import logging
 import os
+import runpy
 import signal
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any, Protocol
 
@@ -141,3 +150,58 @@ def install_cleanup_hooks() -> None:
             _HOOKS["previous_sigterm"] = current if callable(current) else signal.SIG_DFL
             signal.signal(signal.SIGTERM, _on_sigterm)
         _HOOKS["sigterm_pid"] = pid
+
+
+# ---------------------------------------------------------------------- an owner killed outright
+
+OWNER_POLL_S = 1.0
+
+
+def follow_owner(
+    owner_pid: int, on_gone: Callable[[], object], name: str = "owner-watch"
+) -> threading.Thread:
+    """Call ``on_gone`` (in a daemon thread) once the process that started this one is gone, however it died.
+
+    The kernel hands an orphan to PID 1 or a subreaper, which changes our parent pid: polling ``os.getppid()``
+    sees every death, SIGKILL included, and does not depend on the thread that started us (``PR_SET_PDEATHSIG``
+    fires when that *thread* exits)."""
+
+    def watch() -> None:
+        while os.getppid() == owner_pid:
+            time.sleep(OWNER_POLL_S)
+        on_gone()
+
+    thread = threading.Thread(target=watch, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def stop_own_group(what: str, owner_pid: int, grace_s: float) -> None:
+    """What a group leader does when its owner is gone: say so, SIGTERM its group, SIGKILL it after ``grace_s``."""
+    print(
+        f"{what}: owner {owner_pid} is gone; stopping (process group {os.getpgrp()}).",
+        file=sys.stderr,
+        flush=True,
+    )
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(0, signal.SIGTERM)
+    time.sleep(grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(0, signal.SIGKILL)
+
+
+def with_owner(module: str, grace_s: float) -> list[str]:
+    """The argv prefix that runs ``python -m module`` in this process's service: it stops when we are gone."""
+    return [sys.executable, "-m", __name__, str(os.getpid()), str(grace_s), module]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m dna_factory.process_group OWNER_PID GRACE_S MODULE [ARGS...]`` (see the module's text)."""
+    owner, grace, module, *args = sys.argv[1:] if argv is None else argv
+    follow_owner(int(owner), lambda: stop_own_group(module, int(owner), float(grace)))
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -29,7 +29,6 @@ import logging
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -47,6 +46,7 @@ from dna_factory.process_group import (  # noqa: F401 - group_alive, install_cle
     kill_group,
     register,
     unregister,
+    with_owner,
 )
 
 logger = logging.getLogger(__name__)
@@ -290,7 +290,7 @@ class VLLMServer:
     def command(self, port: int) -> list[str]:
         """The server's command line for ``port``, CPU defaults included where they apply."""
         args = [
-            sys.executable, "-m", MODULE,
+            *with_owner(MODULE, self.stop_grace_s),  # python -m MODULE, stopping itself if we die outright
             "--model", self.model,
             "--served-model-name", *self.served_model_names,
             "--host", self.host,

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -209,6 +210,26 @@ def test_sigterm_to_the_owner_stops_its_server(logits_owner):
         assert proc.returncode == -signal.SIGTERM, err[-3000:]  # the owner still dies of SIGTERM
         assert "Stopped vLLM server 'owned'" in err
         _assert_group_gone(pgid)
+    finally:
+        _cleanup(proc, pgid)
+
+
+@pytest.mark.slow
+def test_an_owner_killed_outright_leaves_no_server(vllm_alone, tiny_model, tmp_path):
+    """SIGKILL (the OOM killer, a native crash, a pytest timeout's kill) runs no atexit or SIGTERM hook of the owner:
+    its server, in a session of its own, lived on re-parented to PID 1 (seen after a killed pipeline). The server
+    follows its owner (``python -m dna_factory.process_group``) and stops its whole group."""
+    proc, pgid, _ = _start_owner(tiny_model, tmp_path, "wait")
+    try:
+        assert len(_group_members(pgid)) >= 2
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 60  # a poll, vLLM's own shutdown, SIGKILL after the grace (20 s)
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        log = (tmp_path / "server.log").read_text(errors="replace")
+        assert not group_alive(pgid), log[-3000:]
+        assert f"owner {proc.pid} is gone; stopping" in log, log[-3000:]
     finally:
         _cleanup(proc, pgid)
 

@@ -18,10 +18,16 @@ defined here, makes the child import this module, which installs the same patch 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
+import multiprocessing
+import os
 import signal
+import sys
 
 from trl.experimental.async_grpo import async_rollout_worker as _trl_worker
+
+from dna_factory.process_group import follow_owner
 
 logger = logging.getLogger(__name__)
 
@@ -48,22 +54,13 @@ def parse_response(tokenizer, ids, prefix=None, tools=None) -> dict:
     return {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}
 
 
-PARENT_POLL_S = 1.0
-
-
 def die_with_parent() -> None:
     """End this (spawned) child when its trainer dies, however it dies (#35: a trainer killed with SIGKILL, by
     the OOM killer or a native crash left the child generating against the server for ever, re-parented to PID 1).
 
     Linux's ``PR_SET_PDEATHSIG`` kills the child with its parent at once; a thread that watches the parent
-    pid covers what that misses (a parent gone before the call, a platform without ``prctl``)."""
-    import ctypes
-    import multiprocessing
-    import os
-    import sys
-    import threading
-    import time
-
+    pid (:func:`~dna_factory.process_group.follow_owner`) covers what that misses (a parent gone before the
+    call, a platform without ``prctl``)."""
     parent = multiprocessing.parent_process()
     if parent is None:  # not a multiprocessing child: nothing to follow
         return
@@ -71,13 +68,11 @@ def die_with_parent() -> None:
         with contextlib.suppress(OSError, AttributeError):  # PR_SET_PDEATHSIG = 1
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
-    def watch() -> None:
-        while os.getppid() == parent.pid:
-            time.sleep(PARENT_POLL_S)
+    def leave() -> None:
         logger.error("The trainer (pid %d) is gone; its rollout child stops.", parent.pid)
         os._exit(1)
 
-    threading.Thread(target=watch, name="rollout-parent-watch", daemon=True).start()
+    follow_owner(parent.pid, leave, name="rollout-parent-watch")
 
 
 ABORTED_RETRIES = 5  # resubmissions of one aborted completion before the rollout child gives up

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dna_factory.errors import DnaConfigError
-from dna_factory.process_group import group_alive, kill_group, register, unregister
+from dna_factory.process_group import follow_owner, group_alive, kill_group, register, unregister
 from dna_factory.run_files import write_atomic
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,6 @@ SERVICE = "dna"
 RESULTS_NAME = "harness_results.json"
 MAX_RETRIES = 3
 """Retries of one request: a local server either answers or is gone."""
-PARENT_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -211,15 +210,13 @@ def headline(log) -> tuple[str | None, float | None]:
 
 
 def _exit_with_parent(parent_pid: int) -> None:
-    """Leave as soon as the trainer is gone (reparenting changes our ppid), whatever killed it."""
+    """Leave as soon as the trainer is gone, whatever killed it."""
 
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_POLL_S)
+    def leave() -> None:
         print(f"eval harness: parent {parent_pid} is gone; exiting.", file=sys.stderr, flush=True)
         os._exit(3)
 
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    follow_owner(parent_pid, leave, name="parent-watch")
 
 
 def skip_unused_imports(tasks: Sequence[EvalTask]) -> None:
