@@ -46,6 +46,7 @@ from collections.abc import Set
 from pathlib import Path
 
 from dna_factory.errors import CONFIG_ERRORS, DnaConfigError
+from dna_factory.launch import through_launch
 from dna_factory.pipeline_eval_server import (
     check_eval_server_model,
     check_eval_server_spec,
@@ -222,7 +223,11 @@ def _sigterm_as_interrupt(signum, frame) -> None:
 def run_stage(stage: PipelineStage, model: str, root: Path, models: dict[str, str], inputs: dict) -> dict:
     out = stage.output_dir(root)
     record_inputs(stage, root, inputs)
-    command = [*stage.launcher, *([] if stage.launcher else [sys.executable]), f"{stage.entry}.py"]
+    command = [
+        *through_launch(stage.launcher),
+        *([] if stage.launcher else [sys.executable]),
+        f"{stage.entry}.py",
+    ]
     command += stage_argv(stage, model, root, models)
     env = dict(os.environ, **stage.env)
     if stage.gpus.get("train"):

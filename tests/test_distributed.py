@@ -75,17 +75,13 @@ def test_zero3_distillation_trains_the_fused_loss_equal_to_trls(tmp_path, tiny_m
     assert losses["true"] == pytest.approx(losses["false"], rel=1e-5) and losses["true"] > 0
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.slow
-def test_ctrl_c_under_torchrun_saves_a_checkpoint_on_every_rank(tmp_path, tiny_model):
-    """#35 item 6: Ctrl-C (SIGINT to the whole foreground group) under `accelerate launch`'s torchrun path. The
-    workers run in their own session; torch elastic's agent forwards the SIGINT to each, once. Both ranks save the
-    same step and the run prints one "interrupted:" line; the agent's own SignalException traceback is accelerate's
-    and torch's, not ours (docs/configuration.md)."""
+def _ctrl_c_a_launched_run(tmp_path: Path, launcher: list[str]) -> tuple[int, str, Path]:
+    """Start tiny SFT through launch.py, press Ctrl-C (SIGINT to the whole foreground group) once a step is done,
+    and wait for the launcher. Returns its exit status, its log and the output dir."""
     out, log = tmp_path / "run", tmp_path / "run.log"
     with open(log, "w") as stderr:
         child = subprocess.Popen(
-            [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "configs/accelerate/ddp-cpu.yaml",
+            [sys.executable, "launch.py", *launcher,
              "sft.py", "--config", "configs/sft/tiny-cpu.yaml", "--max_steps", "400", "--save_steps", "1000",
              "--output_dir", str(out)],
             cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"), start_new_session=True, stdout=subprocess.DEVNULL,
@@ -98,12 +94,37 @@ def test_ctrl_c_under_torchrun_saves_a_checkpoint_on_every_rank(tmp_path, tiny_m
             assert time.time() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
         os.killpg(child.pid, signal.SIGINT)
-        child.wait(timeout=180)
+        returncode = child.wait(timeout=180)
+        alive = _group_alive(child.pid)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGKILL)
-    text = log.read_text(errors="replace")
-    assert "stopped at once" not in text, text[-3000:]
+    assert not alive, "a worker outlived the launcher"
+    return returncode, log.read_text(errors="replace"), out
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "launcher", [[], ["--config_file", "configs/accelerate/ddp-cpu.yaml"]], ids=["simple", "torchrun"]
+)
+def test_ctrl_c_under_a_launcher_saves_on_every_rank_and_prints_one_line(tmp_path, tiny_model, launcher):
+    """#35 item 6: Ctrl-C under launch.py (accelerate's launcher). The simple launcher's process gets the terminal's
+    SIGINT with its worker; torch elastic's workers run in their own session and get it from the agent, once. Every
+    rank saves the same step, the run prints one "interrupted:" line and no traceback (accelerate alone prints a
+    KeyboardInterrupt or SignalException traceback and, on the simple path, leaves before the worker has saved), and
+    no worker outlives the launcher, which exits 130."""
+    returncode, text, out = _ctrl_c_a_launched_run(tmp_path, launcher)
+    assert returncode == 130, text[-3000:]
+    assert "stopped at once" not in text and "Traceback" not in text, text[-3000:]
     lines = [line for line in text.splitlines() if line.startswith("interrupted: ")]
     assert len(lines) == 1 and "saved " in lines[0], text[-3000:]
     saved = sorted(out.glob("checkpoint-*"))

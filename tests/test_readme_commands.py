@@ -3,7 +3,7 @@
 already exits before training (``--dry_run``, ``--help``, ``--preview``) runs unchanged.
 
 As written means: the environment variables in front of it are set (``CUDA_VISIBLE_DEVICES=1 python ...``),
-and ``accelerate launch --config_file F script.py ...`` runs ``script.py ...`` with ``F`` checked to exist
+and ``accelerate launch --config_file F script.py ...`` (or ``python launch.py ...``) runs ``script.py ...`` with ``F`` checked to exist
 (the launcher only spawns processes, which a dry run never needs). The few commands that cannot run here
 are listed in :data:`NOT_HERE` with the reason.
 """
@@ -55,7 +55,7 @@ def documented_commands() -> list[tuple[str, str]]:
             words = line.split()
             while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
                 words = words[1:]
-            if words[:1] == ["python"] or words[:2] == ["accelerate", "launch"]:
+            if words[:1] == ["python"] or words[:2] == ["accelerate", "launch"]:  # python launch.py too
                 found.setdefault(line, page)
     seen, unique = set(), []
     for command, page in found.items():
@@ -72,7 +72,10 @@ def _argv_and_env(command: str) -> tuple[list[str], dict[str, str]]:
     while "=" in words[0] and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
         name, value = words.pop(0).split("=", 1)
         env[name] = value
-    if words[:2] == ["accelerate", "launch"]:
+    if words[:2] in (
+        ["accelerate", "launch"],
+        ["python", "launch.py"],
+    ):  # launch.py takes accelerate's options
         words = words[2:]
         while not words[0].endswith(".py"):
             flag = words.pop(0)

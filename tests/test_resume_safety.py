@@ -310,15 +310,27 @@ def test_an_uncached_teacher_hub_id_is_named(tmp_path, tiny_model):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(
+    "launcher",
+    [None, pytest.param("accelerate launch", marks=pytest.mark.slow)],
+    ids=["python", "accelerate"],
+)
 def test_ctrl_c_under_the_pipeline_saves_the_stage_and_skips_its_eval(
-    tmp_path, tiny_model, shared_server_weights
+    tmp_path, tiny_model, shared_server_weights, launcher
 ):
     """The terminal's Ctrl-C reaches the pipeline and its stage: the stage saves (no eval of that checkpoint), the
-    pipeline waits for it and prints one line. The stage evaluates on the shared server (not the recipe's own)."""
+    pipeline waits for it and prints one line. The stage evaluates on the shared server (not the recipe's own).
+    Under a recipe's `launcher: accelerate launch` (#35 item 6) accelerate's own launcher got the Ctrl-C too, printed
+    its KeyboardInterrupt traceback and left while the stage was still saving: it runs through launch.py."""
     log = tmp_path / "pipeline.log"
     out = tmp_path / "pipe"
+    recipe = Path("configs/recipes/tiny-cpu.yaml")
+    if launcher:
+        data = yaml.safe_load(recipe.read_text())
+        recipe = tmp_path / "recipe.yaml"
+        recipe.write_text(yaml.safe_dump({**data, "launcher": launcher}))
     child = start_cli(
-        "pipeline.py", "--recipe", "configs/recipes/tiny-cpu.yaml", "--only_stage", "sft", "--output_dir", str(out),
+        "pipeline.py", "--recipe", str(recipe), "--only_stage", "sft", "--output_dir", str(out),
         "--set", "save_steps=5000", "--set", "max_steps=5000", "--set", "logging_steps=1",
         "--set", "eval_baseline=false", "--set", f"eval_server_url={shared_server_weights.base_url}",
         log=log, new_session=True,

@@ -53,6 +53,7 @@ TIERS: dict[str, str] = {
     "tests/test_filter_tasks.py": MIXED,
     "tests/test_grpo.py": FAST,
     "tests/test_hub_twins.py": FAST,
+    "tests/test_launch.py": FAST,
     "tests/test_layout.py": FAST,
     "tests/test_pipeline.py": MIXED,
     "tests/test_preview.py": FAST,
