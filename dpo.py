@@ -2,7 +2,7 @@
 
 import sys
 
-from dna_factory.runner import main
+from dna_factory.run.runner import main
 
 if __name__ == "__main__":
     sys.exit(main("dpo"))

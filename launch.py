@@ -6,7 +6,7 @@ launcher's traceback. See docs/distributed.md.
 
 import sys
 
-from dna_factory.launch import main
+from dna_factory.run.launch import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,7 +2,7 @@
 
 import sys
 
-from dna_factory.pipeline import main
+from dna_factory.pipeline.chain import main
 
 if __name__ == "__main__":
     sys.exit(main())

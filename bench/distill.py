@@ -289,7 +289,7 @@ def bench_scoring(teacher_url: str, repeats: int) -> list[dict]:
 def bench_throughput(steps: int, repeats: int) -> tuple[list[dict], list[dict]]:
     import statistics
 
-    from dna_factory.vllm_server import VLLMServer
+    from dna_factory.serving.vllm_server import VLLMServer
 
     runs: dict[str, list[dict]] = {}
     with (

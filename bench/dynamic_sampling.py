@@ -47,8 +47,8 @@ def _datasets(root: Path) -> list[dict]:
 
 
 def run_mode(mode: str, steps: int, root: Path) -> dict:
-    from dna_factory.loading import load_context
-    from dna_factory.runner import prepare
+    from dna_factory.inputs.loading import load_context
+    from dna_factory.run.runner import prepare
 
     root.mkdir(parents=True, exist_ok=True)
     argv = [

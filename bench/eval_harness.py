@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=_REPO / "bench" / "results" / "eval_harness.json")
     args = parser.parse_args(argv)
 
-    from dna_factory.vllm_server import VLLMServer
+    from dna_factory.serving.vllm_server import VLLMServer
 
     server = VLLMServer(
         str(TINY), served_model_name="tiny", extra_args=["--max-model-len", "512", "--enforce-eager"],

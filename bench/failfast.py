@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "failfast.json"))
     args = parser.parse_args(argv)
 
-    from dna_factory.vllm_server import VLLMServer
+    from dna_factory.serving.vllm_server import VLLMServer
 
     model = "artifacts/tiny/student"
     runs = []

@@ -94,7 +94,7 @@ def _span(values: list) -> str:
 def teachers_of(recipe: str) -> set[str]:
     """Stages another stage names as ``${stage}`` (a distillation teacher): evaluated, but not students."""
     sys.path.insert(0, str(_REPO))
-    from dna_factory.pipeline_recipe import REFERENCE, load_pipeline
+    from dna_factory.pipeline.recipe import REFERENCE, load_pipeline
 
     pipeline = load_pipeline(_REPO / recipe)
     return {

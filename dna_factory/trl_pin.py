@@ -82,7 +82,7 @@ TOUCH_POINTS = (
         "tests/test_filter_tasks.py::test_trl_canary_is_async_callable",
     ),
     TouchPoint(
-        "dna_factory/preview.py",
+        "dna_factory/inputs/preview.py",
         "SFTTrainer._prepare_dataset on a stand-in holding the three attributes TRL reads",
         "tests/test_preview.py::test_canary_sft_preview_tokenizes_exactly_as_a_real_sft_trainer",
     ),

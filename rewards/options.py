@@ -1,4 +1,5 @@
-"""The one "did you mean" helper and the one options checker, shared by rewards/ and dna_factory/.
+"""The one "did you mean" helper, the one options checker and the one shortener of values shown in messages,
+shared by rewards/ and dna_factory/.
 
 Here, in ``rewards/`` (the ground floor, which imports nothing from ``dna_factory/``), so that both
 packages use the same code: every error that names an unknown key, name or option suggests the
@@ -33,6 +34,16 @@ SIMPLE_TYPES: dict[str, tuple[type, ...]] = {
     "bool": (bool,),
 }
 """Annotations whose YAML values are type-checked: an int is a float, a bool is never an int."""
+
+
+def shorten(text: str, limit: int = 120) -> str:
+    """``text`` cut to ``limit`` characters, ending in ``...`` when cut: how a message shows a long value.
+
+    Example:
+        >>> shorten("abcdefgh", 6), shorten("abc", 6)
+        ('abc...', 'abc')
+    """
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def nearest(word: str, choices: Iterable[str]) -> str | None:

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from rewards.errors import RewardConfigError
-from rewards.options import check_options, did_you_mean
+from rewards.options import check_options, did_you_mean, shorten
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +108,7 @@ _ENTRY_KEYS_FUNCTION = ("function", "weight")
 
 
 def _describe_entry(entry: Any) -> str:
-    text = repr(entry)
-    return text if len(text) <= 120 else text[:117] + "..."
+    return shorten(repr(entry))
 
 
 _RECIPE_DIRS: list[Path] = []

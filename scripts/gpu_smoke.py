@@ -161,7 +161,7 @@ def run_stage(
 
 
 def _async_server(model: str, work: Path, cpu: bool):
-    from dna_factory.vllm_server import VLLMServer
+    from dna_factory.serving.vllm_server import VLLMServer
 
     server = VLLMServer(
         model,

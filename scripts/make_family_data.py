@@ -54,7 +54,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dna_factory.agents.environment import build_environment
-from dna_factory.run_files import write_atomic
+from dna_factory.run.run_files import write_atomic
 
 LIST_LENGTH = 4
 TRAIN_PER_FAMILY = 1500

@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from dna_factory.run_files import write_atomic
+from dna_factory.run.run_files import write_atomic
 
 # (function name, task, canonical solution, tests)
 CODE_TASKS = [

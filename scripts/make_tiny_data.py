@@ -40,7 +40,7 @@ import json
 import random
 from pathlib import Path
 
-from dna_factory.run_files import write_atomic
+from dna_factory.run.run_files import write_atomic
 
 MAX_OPERAND = 19
 EVAL_FRACTION = 0.1

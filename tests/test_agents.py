@@ -25,8 +25,8 @@ from dna_factory.agents.tool_calls import (
     prepare_tokenizer,
 )
 from dna_factory.errors import DnaConfigError
-from dna_factory.loading import load_context
-from dna_factory.runner import prepare
+from dna_factory.inputs.loading import load_context
+from dna_factory.run.runner import prepare
 from tests import agent_fixtures
 from tests.agent_fixtures import FaultyEnvironment, ScriptedPolicy, tool_responses
 from tests.conftest import run_cli

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dna_factory.errors import DnaConfigError
-from dna_factory.runner import prepare
+from dna_factory.run.runner import prepare
 from dna_factory.trl_pin import TRL_VERSION
 from tests.conftest import REPO, cli_env, restore_shared_weights, run_cli, server_paused
 from tests.lazy import lazy
@@ -472,7 +472,7 @@ def test_overlong_prompts_are_dropped_with_one_warning(tiny_model, caplog):
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    from dna_factory.row_lengths import RowCheck, stage_limit
+    from dna_factory.inputs.row_lengths import RowCheck, stage_limit
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
     rows = [
@@ -627,8 +627,8 @@ def test_a_taken_step_is_seen_when_the_first_parameter_gets_no_gradient():
 SKIPPED_STEPS = """
 import json, sys
 import torch
-from dna_factory.loading import load_context
-from dna_factory.runner import prepare
+from dna_factory.inputs.loading import load_context
+from dna_factory.run.runner import prepare
 
 stage, cfg = prepare("grpo", sys.argv[1:])
 stage.wait_for_services(cfg)

@@ -29,7 +29,7 @@ from dna_factory.eval import keys as checkpoint_eval
 from dna_factory.eval.harness import LOCAL_TASKS, TASKS_FILE, resolve_task, resolve_tasks
 from dna_factory.eval.keys import CheckpointEvalArguments, gpus_needed, without_parallel_flags
 from dna_factory.eval.staging import stage_checkpoint, staged_files
-from dna_factory.runner import prepare
+from dna_factory.run.runner import prepare
 from tests.conftest import REPO, cli_env, run_cli
 
 SFT = ["--config", "configs/sft/tiny-cpu.yaml"]
@@ -435,7 +435,7 @@ def test_sigterm_to_the_trainer_mid_eval_leaves_no_server(tmp_path, tiny_model, 
         if trainer.poll() is None:
             trainer.kill()
     # SIGTERM (a preemption) stops the eval's servers at once; the trainer finishes its step, saves and exits
-    # with 128 + SIGTERM (#19 item 1, dna_factory/interrupt.py)
+    # with 128 + SIGTERM (#19 item 1, dna_factory/run/interrupt.py)
     assert trainer.returncode == 128 + signal.SIGTERM, log.read_text()[-3000:]
     _assert_no_process_left(out)
 

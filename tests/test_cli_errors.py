@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dna_factory.runner import main
+from dna_factory.run.runner import main
 from tests.conftest import REPO, run_cli
 
 USER = {"role": "user", "content": "What is 1 + 1?"}
@@ -274,6 +274,59 @@ def test_an_unreachable_hub_fails_at_once_not_after_retries(tmp_path, tiny_model
 
 def test_importing_the_runner_loads_no_torch_transformers_or_trl():
     """--help, config errors and the warm test interpreter's start-up pay for the heavy stack only when training."""
-    code = "import sys, dna_factory.runner; print(sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))"
+    code = "import sys, dna_factory.run.runner; print(sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", (proc.stdout, proc.stderr[-2000:])
+
+
+# --- One boundary for every entry (#39 item 3) ---------------------------------------------------------------------
+
+
+def _bad_filter_recipe(tmp_path, tiny_model) -> str:
+    recipe = tmp_path / "filter.yaml"
+    recipe.write_text(
+        "datasets: [data/tiny/arith_prompts.jsonl]\nreward_funcs: [string_match]\n"
+        f"model: {tiny_model}\nbackend: hf\nkeep: [learnabel]\noutput_dir: {tmp_path / 'out'}\n"
+    )
+    return str(recipe)
+
+
+def _bad_pipeline_recipe(tmp_path) -> str:
+    recipe = tmp_path / "pipeline.yaml"
+    recipe.write_text("name: bad\nstages:\n  - {name: a, entry: stf, config: configs/sft/tiny-cpu.yaml}\n")
+    return str(recipe)
+
+
+@pytest.mark.parametrize("entry", ["sft.py", "pipeline.py", "rewards.filter_tasks"])
+def test_every_entry_takes_debug_and_prints_one_error_line(entry, tmp_path, tiny_model):
+    """The stage scripts, the pipeline and the filter share one boundary: ``--debug`` is accepted by each (the
+    pipeline and the filter refused it: 'unrecognized arguments' / an unknown-key error) and shows the traceback
+    above the one ``error:`` line; without it there is no traceback. Exit status 2 either way."""
+    folder = tmp_path / "not-a-model"
+    folder.mkdir()
+    argv = {
+        "sft.py": _sft_args(tmp_path, "--model_name_or_path", str(folder)),
+        "pipeline.py": ["pipeline.py", "--recipe", _bad_pipeline_recipe(tmp_path), "--dry_run"],
+        "rewards.filter_tasks": ["-m", "rewards.filter_tasks", "--config", _bad_filter_recipe(tmp_path, tiny_model)],
+    }[entry]
+    for debug in (False, True):
+        proc = run_cli(*argv, *(["--debug"] if debug else []), timeout=300)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        last = proc.stderr.rstrip().splitlines()[-1]
+        assert last.startswith("error: ") and "--debug" not in last, proc.stderr[-3000:]
+        assert ("Traceback" in proc.stderr) == debug, proc.stderr[-3000:]
+
+
+def test_the_filter_previews_its_prompts_without_generating(tmp_path):
+    """The filter had no ``--preview``: it now prints the prompts as the model will see them (the chat template
+    rendered, the length check applied) and the columns its rewards receive, and exits before any rollout."""
+    out = tmp_path / "out"
+    proc = run_cli(
+        "-m", "rewards.filter_tasks", "--config", "configs/filter_tasks/tiny-cpu.yaml", "--output_dir", str(out),
+        "--preview", "1", timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "# preview: filter_tasks" in proc.stdout and "[arith] row 0" in proc.stdout, proc.stdout[-2000:]
+    assert "<|im_start|>user" in proc.stdout and "<|im_start|>assistant" in proc.stdout, proc.stdout[-2000:]
+    assert "solution=" in proc.stdout  # the reward's answer column
+    assert proc.stdout.count("[arith] row") == 1 and not out.exists()

@@ -8,9 +8,9 @@ import sys
 import pytest
 import yaml
 
-from dna_factory.config import RunArguments
+from dna_factory.configuration.config import RunArguments
 from dna_factory.errors import DnaConfigError
-from dna_factory.runner import RESOLVED_CONFIG_NAME, main, prepare
+from dna_factory.run.runner import RESOLVED_CONFIG_NAME, main, prepare
 from tests.conftest import REPO, run_cli
 
 SFT_RECIPE = "configs/sft/tiny-cpu.yaml"
@@ -130,7 +130,7 @@ def _help_line(out: str, key: str) -> str:
 def test_help_shows_the_default_a_run_gets_and_its_layer(stage, capsys):
     """#16 item 4: every key's default as a run resolves it: the stage's defaults file where it sets the key
     (named), else the dataclass's, with default_factory called (never a bare None for a list)."""
-    from dna_factory.config import CONFIGS_DIR, load_yaml
+    from dna_factory.configuration.config import CONFIGS_DIR, load_yaml
     from dna_factory.stages import get_stage
 
     assert main(stage, ["--help"]) == 0
@@ -176,7 +176,7 @@ def test_help_answers_without_importing_trl_and_builds_it_when_the_shipped_text_
 ):
     """#35: --help took 11-17 s of CPU (it imported TRL to list the keys); the shipped text needs no TRL."""
     code = (
-        "import sys\nfrom dna_factory.runner import main\nmain('grpo', ['--help'])\n"
+        "import sys\nfrom dna_factory.run.runner import main\nmain('grpo', ['--help'])\n"
         "print('TRL IMPORTED' if 'trl' in sys.modules else 'NO TRL')"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -200,7 +200,7 @@ def test_help_answers_without_importing_trl_and_builds_it_when_the_shipped_text_
 
 def test_resolved_config_roundtrips(tmp_path, tiny_model):
     """The file written into the output dir is a valid --config that resolves to the same values."""
-    from dna_factory.runner import write_resolved_config
+    from dna_factory.run.runner import write_resolved_config
 
     _, cfg = prepare(
         "sft", ["--config", SFT_RECIPE, "--learning_rate", "7e-4", "--output_dir", str(tmp_path / "run")]
@@ -267,7 +267,7 @@ STAGE_RECIPES = sorted(
 def test_a_recipe_says_only_what_differs_from_its_defaults_layer(recipe):
     """#16 item 6: a key that restates the value of the stage's defaults file (``configs/_defaults-*.yaml``, the
     layer under every recipe) is noise in the recipe, and hides what the recipe actually changes."""
-    from dna_factory.config import CONFIGS_DIR, load_yaml
+    from dna_factory.configuration.config import CONFIGS_DIR, load_yaml
     from dna_factory.stages import select_stage
 
     stage = select_stage(RECIPE_FOLDERS[recipe.split("/")[1]], ["--config", str(REPO / recipe)])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dna_factory.data import load_mixture, normalize_row, parse_specs, split_messages
 from dna_factory.errors import DnaConfigError
+from dna_factory.inputs.data import load_mixture, normalize_row, parse_specs, split_messages
 
 USER = {"role": "user", "content": "What is 1 + 1?"}
 ASSISTANT = {"role": "assistant", "content": "2"}
@@ -161,7 +161,7 @@ def test_columns_mapping_renames(write_jsonl):
 
 def test_a_malformed_jsonl_line_is_named_by_file_and_line_at_dry_run_and_at_load(tmp_path):
     """#19: the dry run read only the first line; the load said 'DatasetGenerationError' without a line."""
-    from dna_factory.data_files import peek_columns
+    from dna_factory.inputs.data_files import peek_columns
 
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "a", "solution": "1"}\n\n{"prompt": "b", "solution": \n{"prompt": "c"}\n')

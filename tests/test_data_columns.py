@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from dna_factory.data import load_mixture, parse_specs
 from dna_factory.errors import DnaConfigError
+from dna_factory.inputs.data import load_mixture, parse_specs
 
 
 def test_a_datasets_own_label_column_is_kept_as_source_label(write_jsonl, caplog):
@@ -16,7 +16,7 @@ def test_a_datasets_own_label_column_is_kept_as_source_label(write_jsonl, caplog
         "gsm.jsonl", [{"prompt": "1+1?", "label": "easy"}, {"prompt": "9*9?", "label": "hard"}]
     )
     (spec,) = parse_specs([{"path": str(path), "label": "gsm8k"}])
-    with caplog.at_level(logging.INFO, logger="dna_factory.data"):
+    with caplog.at_level(logging.INFO, logger="dna_factory.inputs.data"):
         mix = load_mixture([spec], "grpo", seed=0)
     assert mix["label"] == ["gsm8k", "gsm8k"]
     assert mix["source_label"] == ["easy", "hard"]
@@ -45,8 +45,8 @@ def test_columns_select_nested_fields_by_dotted_path(write_jsonl):
 
 
 def test_a_missing_nested_key_fails_the_dry_run_naming_the_dataset_and_the_keys(write_jsonl):
-    from dna_factory.data import check_format_columns
-    from dna_factory.data_files import peek_columns
+    from dna_factory.inputs.data import check_format_columns
+    from dna_factory.inputs.data_files import peek_columns
 
     path = write_jsonl("nested.jsonl", NESTED)
     (spec,) = parse_specs([{"path": str(path), "label": "gsm", "columns": {"doc.qestion": "prompt"}}])

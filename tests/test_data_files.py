@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from dna_factory.data import check_format_columns, load_mixture, parse_specs
-from dna_factory.data_files import peek_columns
 from dna_factory.errors import DnaConfigError
-from dna_factory.runner import main
+from dna_factory.inputs.data import check_format_columns, load_mixture, parse_specs
+from dna_factory.inputs.data_files import peek_columns
+from dna_factory.run.runner import main
 
 ROWS = [{"question": "What is 1 + 1?", "answer": "2"}, {"question": "What is 2 + 2?", "answer": "4"}]
 OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
@@ -86,7 +86,7 @@ def test_a_malformed_line_of_a_jsonl_gz_is_named_by_file_and_line(tmp_path):
 
 def test_a_folder_is_a_dataset_when_datasets_can_load_it(tmp_path):
     """#35: only a folder that datasets cannot load is refused (a save_to_disk folder, data files below it pass)."""
-    from dna_factory.data_files import folder_without_data
+    from dna_factory.inputs.data_files import folder_without_data
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -108,7 +108,7 @@ def test_a_folder_is_a_dataset_when_datasets_can_load_it(tmp_path):
 def test_a_half_written_last_line_of_a_runs_jsonl_is_skipped_with_a_warning(tmp_path, caplog):
     """#35: a run killed while appending to eval_results.jsonl left half a line; the report and plot_run.py
     raised JSONDecodeError on it instead of showing the rows before it."""
-    from dna_factory.run_files import EVAL_RESULTS, eval_rows, read_jsonl
+    from dna_factory.run.run_files import EVAL_RESULTS, eval_rows, read_jsonl
 
     path = tmp_path / EVAL_RESULTS
     path.write_text(
@@ -126,7 +126,7 @@ def test_an_output_dir_lock_that_cannot_be_taken_is_a_warning_not_a_refusal(tmp_
     import errno
     import fcntl
 
-    from dna_factory import run_files
+    from dna_factory.run import run_files
 
     def no_flock(fd, operation):
         raise OSError(errno.ENOSYS, "Function not implemented")

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from dna_factory.errors import DnaConfigError
-from dna_factory.loading import load_context
-from dna_factory.runner import prepare
+from dna_factory.inputs.loading import load_context
+from dna_factory.run.runner import prepare
 from dna_factory.trl_pin import TRL_VERSION
 from tests.conftest import REPO, run_cli
 from tests.lazy import lazy
@@ -585,7 +585,7 @@ def teacher_server(trained_teacher, tmp_path_factory):
     sampling processors, so the probe and the scores must see through both (the probe test below; the scores
     are checked against HF's).
     """
-    from dna_factory.vllm_server import VLLMServer
+    from dna_factory.serving.vllm_server import VLLMServer
     from tests.conftest import stop_shared_vllm_server
 
     stop_shared_vllm_server()  # one vLLM server at a time on the 2-core machine

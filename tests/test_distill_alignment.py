@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from dna_factory.errors import DnaConfigError
-from dna_factory.runner import prepare
+from dna_factory.run.runner import prepare
 
 RECIPE = "configs/distill/tiny-cpu.yaml"
 FILES = (

@@ -30,7 +30,7 @@ MODULES = _modules_with_examples()
 
 
 def test_the_runner_finds_the_examples():
-    assert len(MODULES) >= 30 and "rewards.registry" in MODULES and "dna_factory.run_files" in MODULES
+    assert len(MODULES) >= 30 and "rewards.registry" in MODULES and "dna_factory.run.run_files" in MODULES
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dna_factory.errors import DnaConfigError
-from dna_factory.loading import load_context
-from dna_factory.runner import prepare
+from dna_factory.inputs.loading import load_context
+from dna_factory.run.runner import prepare
 from dna_factory.trl_pin import TRL_VERSION
 from tests.conftest import run_cli
 from tests.lazy import lazy
@@ -260,7 +260,7 @@ def test_resample_with_batch_scaled_rewards_is_refused(scale, live_dead, tmp_pat
     """#35 item 5: resample scores each generation round on its own, so scale_rewards: batch would divide each
     round by its own standard deviation instead of the optimizer batch's; it is refused (group scaling is
     per group, the same in any round)."""
-    from dna_factory.runner import main
+    from dna_factory.run.runner import main
 
     argv = _argv(live_dead, tmp_path, "--dynamic_sampling", "resample", "--scale_rewards", scale, "--dry_run")
     code = main("grpo", argv)

@@ -175,8 +175,8 @@ def test_every_family_raises_its_own_held_out_metric(families_run, stage):
 
 def test_a_stage_model_may_name_an_earlier_stage(tmp_path):
     """``model: ${sft}``: the stage starts from that stage's final model and depends on it, not on the previous one."""
-    from dna_factory.pipeline_recipe import input_model, load_pipeline
-    from dna_factory.pipeline_state import dependencies
+    from dna_factory.pipeline.recipe import input_model, load_pipeline
+    from dna_factory.pipeline.state import dependencies
 
     pipeline = load_pipeline(REPO / RECIPE)
     pipeline.output_dir = tmp_path

@@ -330,7 +330,7 @@ def test_a_paused_server_is_one_error_not_a_wait(vllm_server, tmp_path, write_js
 
 
 def test_string_prompts_are_scored_as_the_chats_training_will_see(tiny_model, tmp_path, write_jsonl):
-    """One prompt rule for training and the filter (dna_factory.prompts): a string prompt is generated from
+    """One prompt rule for training and the filter (dna_factory.inputs.prompts): a string prompt is generated from
     as a user turn (the completions come back as chat turns); kept.jsonl holds the rows as the dataset does,
     so training on it with the same recipe applies the template and the system turn once."""
     questions = [f"What is {a} + 1?" for a in range(4)]
@@ -353,7 +353,7 @@ def test_string_prompts_are_scored_as_the_chats_training_will_see(tiny_model, tm
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o002, 0o664)])
 def test_written_files_follow_the_umask(umask, mode, tmp_path):
     """kept.jsonl and report.json are read by the group that trains on them (#19 item 8)."""
-    from dna_factory.run_files import write_atomic
+    from dna_factory.run.run_files import write_atomic
 
     old = os.umask(umask)
     try:

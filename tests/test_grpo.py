@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dna_factory.errors import CONFIG_ERRORS
-from dna_factory.runner import prepare
+from dna_factory.run.runner import prepare
 from tests.conftest import REPO, run_cli
 
 RECIPE = "configs/grpo/tiny-cpu.yaml"

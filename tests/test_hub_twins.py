@@ -45,9 +45,9 @@ def test_every_hub_search_corpus_a_shipped_recipe_names_has_a_twin():
 
 @pytest.mark.parametrize("recipe", sorted(LOADED))
 def test_the_recipes_twins_load_in_the_format_its_trainer_expects(recipe, tmp_path):
-    from dna_factory.data import load_mixture, parse_specs
-    from dna_factory.loading import prompt_rule
-    from dna_factory.runner import prepare
+    from dna_factory.inputs.data import load_mixture, parse_specs
+    from dna_factory.inputs.loading import prompt_rule
+    from dna_factory.run.runner import prepare
 
     path = REPO / recipe
     twin, _ = substitute_twins(path, tmp_path, rows={p: 40 for p in HUB_TWINS})

@@ -157,12 +157,45 @@ def test_no_module_in_the_package_root_belongs_to_a_wing():
     assert not misplaced, f"root modules only one wing uses (move them into it): {misplaced}"
 
 
+def test_no_module_imports_through_its_own_package_face():
+    """#39: a package's ``__init__`` hands names on; its own modules import each other by their full names
+    (``from rewards.sandbox.execute import ...``), never ``from rewards.sandbox import ...``, so the face holds no
+    code its parts call and no part waits on the face being half-imported."""
+    offenders = []
+    for module, path in _our_modules().items():
+        if "." not in module:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                source = node.module
+            elif isinstance(node, ast.ImportFrom):
+                source = _resolve(node, module, path.name == "__init__.py")
+            else:
+                continue
+            face_of = module if path.name == "__init__.py" else module.rpartition(".")[0]
+            if face_of == source or face_of.startswith(source + "."):
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno} from {source} import ...")
+    assert offenders == [], offenders
+
+
+def test_the_package_root_holds_at_most_six_modules():
+    """#39: the root of ``dna_factory/`` is the package's face and the few modules every wing uses; each other
+    concern (configuration, inputs, a run's life, serving, the pipeline) is a wing."""
+    root = sorted(p.name for p in (REPO / "dna_factory").glob("*.py") if p.name != "__init__.py")
+    assert len(root) <= 6, f"{len(root)} root modules (at most 6; move each into its wing): {root}"
+
+
 WINGS = {
     "grpo": ("stage", "keys", "dynamic_sampling"),
     "async_grpo": ("stage", "trainer", "tree_attention", "weight_sync"),
     "distill": ("stage", "trainers", "teacher_server", "tokenizer_alignment"),
     "eval": ("keys", "staging", "callback", "harness", "tasks"),
     "stages": ("base", "sft", "dpo"),
+    "configuration": ("config", "config_types", "validation", "provenance"),
+    "inputs": ("data", "data_files", "prompts", "loading", "preview", "row_lengths", "input_fingerprint"),
+    "run": ("runner", "resume", "run_files", "run_callbacks", "interrupt", "process_group", "launch"),
+    "serving": ("vllm_server", "services"),
+    "pipeline": ("chain", "recipe", "state", "eval_server", "report"),
 }
 
 
@@ -195,7 +228,7 @@ def test_the_eval_keys_load_without_torch():
 
 def test_pipeline_entries_come_from_the_stage_registry():
     """Adding a stage is its module, its registry line and its defaults file; the pipeline follows."""
-    from dna_factory.pipeline_recipe import ENTRIES
+    from dna_factory.pipeline.recipe import ENTRIES
     from dna_factory.stages import STAGE_MODULES, get_stage
 
     assert ENTRIES is not None and tuple(ENTRIES) == tuple(STAGE_MODULES)
@@ -222,7 +255,7 @@ def test_one_atomic_write():
 
 
 def test_the_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path):
-    from dna_factory.run_files import atomic_path, write_atomic
+    from dna_factory.run.run_files import atomic_path, write_atomic
 
     target = tmp_path / "weights.bin"
     write_atomic(target, b"\x00old")

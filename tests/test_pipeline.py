@@ -263,7 +263,7 @@ run_summary.json, eval_results.jsonl and log_history.json (only the keys the rep
 
 
 def _recorded(tmp_path):
-    from dna_factory.pipeline_recipe import load_pipeline
+    from dna_factory.pipeline.recipe import load_pipeline
 
     out = tmp_path / "outputs" / "pipeline-tiny-cpu"
     shutil.copytree(RECORDED, out)
@@ -275,7 +275,7 @@ def _recorded(tmp_path):
 def test_report_reads_each_stage_before_and_after_on_a_recorded_demo_run(tmp_path):
     """Before is the model the stage started from: the previous stage's final eval, or the stage's own baseline;
     after is its final model; the teacher is evaluated once. The Markdown and the PNG say the same."""
-    from dna_factory.report import write_report
+    from dna_factory.pipeline.report import write_report
 
     pipeline, out = _recorded(tmp_path)
     stages = {s["name"]: s for s in write_report(pipeline)["stages"]}
@@ -299,7 +299,7 @@ def test_report_reads_each_stage_before_and_after_on_a_recorded_demo_run(tmp_pat
 def test_a_final_model_without_an_eval_has_no_after_and_is_no_later_stage_before(tmp_path):
     """GRPO's final checkpoint was not evaluated (its eval failed): no number stands in for it, neither as GRPO's
     after (an earlier checkpoint's value would read as the final one) nor as distillation's before."""
-    from dna_factory.report import write_report
+    from dna_factory.pipeline.report import write_report
 
     pipeline, out = _recorded(tmp_path)
     results = out / "3-grpo" / "eval_results.jsonl"
@@ -378,7 +378,7 @@ def test_cli_set_overrides_every_stage_and_rejects_malformed_pairs(tmp_path, tin
 
 def test_cli_set_references_and_output_dir(tmp_path):
     from dna_factory.errors import DnaConfigError
-    from dna_factory.pipeline_recipe import apply_cli_overrides, load_pipeline
+    from dna_factory.pipeline.recipe import apply_cli_overrides, load_pipeline
 
     pipeline = load_pipeline(_recipe(tmp_path, SMALL))
     apply_cli_overrides(pipeline, ["max_steps=2", "report_to=[wandb]"], str(tmp_path / "elsewhere"))
@@ -396,7 +396,7 @@ def test_cli_set_references_and_output_dir(tmp_path):
 
 def test_a_recipe_wide_launcher_serves_every_stage_that_names_none(tmp_path):
     """#16 item 6: rufus-air.yaml repeated one launcher eight times; a recipe now states it once."""
-    from dna_factory.pipeline_recipe import load_pipeline
+    from dna_factory.pipeline.recipe import load_pipeline
 
     launcher = ["accelerate", "launch", "--config_file", "configs/accelerate/zero3.yaml"]
     own = ["torchrun", "--nproc_per_node", "2"]
@@ -446,7 +446,7 @@ def test_demo_held_out_digit_lists_appear_in_no_training_file():
 def test_a_stage_that_never_evaluated_has_no_before_and_after(tmp_path):
     """Distillation ran without checkpoint evals: it borrows no "before" from grpo (a "0.445 → ?" would read as a
     failed eval of a stage that was never asked to evaluate)."""
-    from dna_factory.report import write_report
+    from dna_factory.pipeline.report import write_report
 
     pipeline, out = _recorded(tmp_path)
     (out / "4-distill" / "eval_results.jsonl").unlink()

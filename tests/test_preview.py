@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from dna_factory.loading import load_context
-from dna_factory.preview import MASK_CLOSE, MASK_OPEN, sft_tokenized, split_preview_flag
-from dna_factory.runner import main, prepare
+from dna_factory.inputs.loading import load_context
+from dna_factory.inputs.preview import MASK_CLOSE, MASK_OPEN, sft_tokenized, split_preview_flag
+from dna_factory.run.runner import main, prepare
 
 
 def _sft_recipe(write_jsonl, write_yaml, rows, **extra):

@@ -1,4 +1,4 @@
-"""Process groups and the cleanup that stops them with their owner (dna_factory/process_group.py)."""
+"""Process groups and the cleanup that stops them with their owner (dna_factory/run/process_group.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from dna_factory.vllm_server import group_alive
+from dna_factory.serving.vllm_server import group_alive
 from tests.conftest import REPO, cli_env
 
 OWNER = """
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 from dna_factory.eval.harness import HarnessRun
-from dna_factory.vllm_server import install_cleanup_hooks
+from dna_factory.serving.vllm_server import install_cleanup_hooks
 install_cleanup_hooks()
 run = HarnessRun([sys.executable, "-c", "import time; time.sleep(120)"], Path(sys.argv[1])).start()
 print(run.pid, flush=True)
@@ -48,7 +48,7 @@ def test_sigterm_to_the_owner_stops_its_harness_run_at_once(tmp_path):
 
 GUARDED = """
 import subprocess, sys
-from dna_factory.process_group import with_owner
+from dna_factory.run.process_group import with_owner
 log = open(sys.argv[1], "w")
 child = subprocess.Popen(
     [*with_owner("http.server", 2.0), "0", "--bind", "127.0.0.1"], stdout=log, stderr=log, start_new_session=True
@@ -61,7 +61,7 @@ sys.stdin.read()
 def test_a_server_module_stops_its_group_when_its_owner_is_killed_outright(tmp_path):
     """An owner killed with SIGKILL (the OOM killer, a native crash) runs no atexit or SIGTERM hook: a vLLM server it
     started (own session) lived on, re-parented to PID 1, holding its memory and port. Under
-    ``python -m dna_factory.process_group`` the module runs in the same process and stops its group when the owner
+    ``python -m dna_factory.run.process_group`` the module runs in the same process and stops its group when the owner
     is gone (a vLLM server: tests/test_vllm_server.py)."""
     log = tmp_path / "server.log"
     owner = subprocess.Popen(

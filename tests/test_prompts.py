@@ -1,4 +1,4 @@
-"""Prompts reach every stage in the model's chat format (issue 14, item 1): one rule, in dna_factory.prompts.
+"""Prompts reach every stage in the model's chat format (issue 14, item 1): one rule, in dna_factory.inputs.prompts.
 
 Each test goes through the runner's own loading path (``prepare`` + ``load_context``) on the tiny
 Qwen3, whose tokenizer carries TRL's ``qwen3.jinja`` verbatim, and asserts on what the trainer
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from dna_factory.errors import DnaConfigError
-from dna_factory.loading import load_context
-from dna_factory.runner import prepare
+from dna_factory.inputs.loading import load_context
+from dna_factory.run.runner import prepare
 
 QUESTION = "Natalia sold clips to 48 of her friends in April. How many clips did she sell?"
 

@@ -129,9 +129,9 @@ def twin_recipe(recipe_path: Path, out_dir: Path) -> tuple[Path, dict[str, list]
 
 def check_recipe(recipe_path: Path, out_dir: Path) -> Report:
     """Run the gold-answer check on one recipe file (see the module docstring)."""
-    from dna_factory.data import load_mixture, parse_specs
-    from dna_factory.loading import prompt_rule
-    from dna_factory.runner import prepare
+    from dna_factory.inputs.data import load_mixture, parse_specs
+    from dna_factory.inputs.loading import prompt_rule
+    from dna_factory.run.runner import prepare
     from rewards.registry import resolve_rewards
 
     twin, gold = twin_recipe(recipe_path, out_dir)
@@ -215,9 +215,9 @@ def test_check_fails_for_a_recipe_whose_prompt_asks_boxed_while_its_extractor_re
 
 
 def test_shipped_distillation_recipes_ask_for_the_answer_form_of_the_rl_that_follows(tmp_path, tiny_model):
-    from dna_factory.data import load_mixture, parse_specs
-    from dna_factory.loading import prompt_rule
-    from dna_factory.runner import prepare
+    from dna_factory.inputs.data import load_mixture, parse_specs
+    from dna_factory.inputs.loading import prompt_rule
+    from dna_factory.run.runner import prepare
 
     for recipe in DISTILL_RECIPES:
         twin, _ = twin_recipe(recipe, tmp_path)
@@ -257,7 +257,7 @@ def _grpo_recipe(tmp_path, twin_path: Path, **dataset) -> Path:
 
 
 def test_dry_run_warns_when_no_prompt_asks_for_the_extractors_marker(tmp_path, caplog, tiny_model):
-    from dna_factory.runner import prepare
+    from dna_factory.run.runner import prepare
 
     twin, _ = build_twin("openai/gsm8k", 20, tmp_path / "twins")
     with caplog.at_level(logging.WARNING):
@@ -284,7 +284,7 @@ def test_dry_run_warns_when_no_prompt_asks_for_the_extractors_marker(tmp_path, c
 
 def test_dry_run_warning_reads_only_what_the_prompt_asks(tmp_path, caplog, write_jsonl, tiny_model):
     """A `\\boxed` in the gold reply of a `messages` row is not an instruction; a bare `- string_match` counts."""
-    from dna_factory.runner import prepare
+    from dna_factory.run.runner import prepare
 
     rows = [{"messages": [{"role": "user", "content": "2 + 3?"}, {"role": "assistant", "content": "\\boxed{5}"}],
              "solution": "5"}]  # fmt: skip

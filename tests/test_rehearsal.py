@@ -318,8 +318,8 @@ def test_an_explicit_max_steps_survives_the_rehearsal(steps):
 def test_a_pipeline_rehearsal_keeps_a_set_max_steps_and_drops_the_recipes():
     """A pipeline recipe's own `max_steps` is the real run's length (150 steps in the demo): its rehearsal runs the
     rehearsal's 2; `--set max_steps=N` is the user's own, and every stage rehearses N."""
-    from dna_factory.pipeline import rehearse
-    from dna_factory.pipeline_recipe import apply_cli_overrides, load_pipeline
+    from dna_factory.pipeline.chain import rehearse
+    from dna_factory.pipeline.recipe import apply_cli_overrides, load_pipeline
 
     recipe = REPO / "configs" / "recipes" / "tiny-cpu.yaml"
     plain = load_pipeline(recipe)

@@ -430,7 +430,7 @@ def test_only_a_full_disk_under_the_output_dir_reads_as_one(finished_run):
     """An out-of-memory error, or a full /dev/shm (DataLoader workers), is not blamed on the output dir's disk."""
     import errno
 
-    from dna_factory.resume import disk_full_message
+    from dna_factory.run.resume import disk_full_message
 
     assert (
         disk_full_message(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), finished_run)
@@ -480,7 +480,7 @@ def test_an_edited_dataset_file_refuses_resume_a_touched_one_does_not(tmp_path, 
 
 
 def test_a_big_dataset_file_is_hashed_at_its_edges_and_its_mtime_counts(tmp_path, monkeypatch):
-    from dna_factory import input_fingerprint as fp
+    from dna_factory.inputs import input_fingerprint as fp
 
     monkeypatch.setattr(fp, "FULL_HASH_BYTES", 1024)
     monkeypatch.setattr(fp, "EDGE_BYTES", 100)

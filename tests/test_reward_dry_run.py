@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from dna_factory.runner import main
+from dna_factory.run.runner import main
 
 DATA = "data/tiny/arith_prompts.jsonl"  # prompt (messages) + solution
 

@@ -9,9 +9,9 @@ import logging
 import pytest
 
 from dna_factory.errors import DnaConfigError
-from dna_factory.loading import dry_run_rows, load_data
-from dna_factory.row_lengths import RowCheck, stage_limit, token_counts
-from dna_factory.runner import prepare
+from dna_factory.inputs.loading import dry_run_rows, load_data
+from dna_factory.inputs.row_lengths import RowCheck, stage_limit, token_counts
+from dna_factory.run.runner import prepare
 from tests.conftest import run_cli
 
 LONG = "word " * 20_000  # 100,000 characters: tens of thousands of tokens, far over the tiny model's 4,096

@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from dna_factory.services import start_line
+from dna_factory.serving.services import start_line
 from tests.conftest import run_cli
 
 DOWN = "http://127.0.0.1:9"  # nothing listens on the discard port
@@ -154,7 +154,7 @@ def _start_commands(path) -> list[str]:
 def _pattern(kind: str):
     import re
 
-    from dna_factory.services import START_LINES
+    from dna_factory.serving.services import START_LINES
 
     text = re.escape(START_LINES[kind].replace("{{", "{").replace("}}", "}"))
     text = text.replace(re.escape("{model}"), r"\S+").replace(re.escape("{port}"), r"(\d+|PORT)")
@@ -162,7 +162,7 @@ def _pattern(kind: str):
 
 
 def test_every_server_start_line_in_the_docs_and_recipes_is_the_one_of_its_kind():
-    """The hints (dna_factory.services.START_LINES), the recipe headers and the docs give one start line per kind
+    """The hints (dna_factory.serving.services.START_LINES), the recipe headers and the docs give one start line per kind
     of server; GRPO's server mode (sync or async) always with NCCL weight transfer. Sizing flags may follow."""
     from tests.conftest import REPO
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dna_factory.runner import main
+from dna_factory.run.runner import main
 
 SFT = "configs/sft/tiny-cpu.yaml"
 
@@ -43,7 +43,7 @@ def test_a_recipe_path_that_does_not_exist_suggests_the_recipe_that_does(capsys,
 
 def test_a_pipeline_stage_with_an_old_config_path_names_the_new_one(tmp_path):
     from dna_factory.errors import DnaConfigError
-    from dna_factory.pipeline_recipe import load_pipeline
+    from dna_factory.pipeline.recipe import load_pipeline
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(

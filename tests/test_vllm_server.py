@@ -21,7 +21,13 @@ import time
 import pytest
 
 from dna_factory.errors import DnaConfigError
-from dna_factory.vllm_server import CPU_DEFAULT_ARGS, VLLMServer, VLLMServerError, cuda_available, group_alive
+from dna_factory.serving.vllm_server import (
+    CPU_DEFAULT_ARGS,
+    VLLMServer,
+    VLLMServerError,
+    cuda_available,
+    group_alive,
+)
 from tests.conftest import REPO, cli_env, stop_shared_vllm_server
 
 pytestmark = pytest.mark.vllm
@@ -32,8 +38,8 @@ pytestmark = pytest.mark.vllm
 OWNER = textwrap.dedent(
     """
     import json, logging, sys, time
-    from dna_factory import vllm_server as manager
-    from dna_factory.vllm_server import VLLMServer
+    from dna_factory.serving import vllm_server as manager
+    from dna_factory.serving.vllm_server import VLLMServer
     logging.basicConfig(level=logging.INFO)
     model, log_path, mode, flags = sys.argv[1:5]
     if len(sys.argv) > 5:
@@ -218,7 +224,7 @@ def test_sigterm_to_the_owner_stops_its_server(logits_owner):
 def test_an_owner_killed_outright_leaves_no_server(vllm_alone, tiny_model, tmp_path):
     """SIGKILL (the OOM killer, a native crash, a pytest timeout's kill) runs no atexit or SIGTERM hook of the owner:
     its server, in a session of its own, lived on re-parented to PID 1 (seen after a killed pipeline). The server
-    follows its owner (``python -m dna_factory.process_group``) and stops its whole group."""
+    follows its owner (``python -m dna_factory.run.process_group``) and stops its whole group."""
     proc, pgid, _ = _start_owner(tiny_model, tmp_path, "wait")
     try:
         assert len(_group_members(pgid)) >= 2

@@ -36,8 +36,8 @@ PRELOAD = (
     "peft",
     "accelerate",
     "trl",
-    "dna_factory.runner",
-    "dna_factory.run_callbacks",
+    "dna_factory.run.runner",
+    "dna_factory.run.run_callbacks",
 )
 # TRL loads its trainers lazily: name them so the fork finds them imported.
 TRL_NAMES = ("SFTTrainer", "SFTConfig", "DPOTrainer", "DPOConfig", "GRPOTrainer", "GRPOConfig")

@@ -12,7 +12,7 @@ A GRPO recipe becomes an agent recipe with an ``environment`` and a bound on too
 :func:`agent_trainer_kwargs` is called by the stage's trainer factory once the tokenizer and
 datasets are loaded: it readies the tokenizer (``tool_calls.prepare_tokenizer``), builds the
 environment and returns ``{"tools": [...]}`` for ``GRPOTrainer``. Prompts are chats by then
-(tools are rendered only into chat prompts): the runner's prompt rule (``dna_factory.prompts``)
+(tools are rendered only into chat prompts): the runner's prompt rule (``dna_factory.inputs.prompts``)
 turns string prompts into a user turn after ``agent_system_prompt``, which is the run's
 ``system_prompt`` under an agent's name.
 """
@@ -23,9 +23,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from dna_factory.config import ResolvedConfig
+from dna_factory.configuration.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
-from dna_factory.prompts import validate_prompt_settings
+from dna_factory.inputs.prompts import validate_prompt_settings
 
 logger = logging.getLogger(__name__)
 

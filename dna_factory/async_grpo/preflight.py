@@ -18,10 +18,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from dna_factory.config import ResolvedConfig
+from dna_factory.configuration.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError, DnaServiceError
-from dna_factory.row_lengths import SERVER_MAX_MODEL_LEN
-from dna_factory.services import server_root, wait_for_services
+from dna_factory.inputs.row_lengths import SERVER_MAX_MODEL_LEN
+from dna_factory.serving.services import server_root, wait_for_services
 
 logger = logging.getLogger(__name__)
 
@@ -216,13 +216,13 @@ def validate_completion_length_against_server(cfg: ResolvedConfig) -> int | None
 
 MAX_MODEL_LEN = SERVER_MAX_MODEL_LEN
 """The key under which :func:`wait_for_server` leaves the server's ``max_model_len`` in ``cfg.services``: the
-prompts' length limit (:mod:`dna_factory.row_lengths`)."""
+prompts' length limit (:mod:`dna_factory.inputs.row_lengths`)."""
 
 
 def wait_for_server(cfg: ResolvedConfig) -> None:
     """Before data, tokenizer and model load: wait (each up to ``server_wait_s``) for the recipe's servers.
 
-    :func:`dna_factory.services.wait_for_services` waits for the vLLM server (and a judge); then the server
+    :func:`dna_factory.serving.services.wait_for_services` waits for the vLLM server (and a judge); then the server
     checks of :func:`validate_completion_length_against_server` run for real: a run never starts generating
     against a server whose ``max_model_len`` it could not read, so the over-long-prompt filter is never skipped.
     """
@@ -239,7 +239,7 @@ def wait_for_server(cfg: ResolvedConfig) -> None:
 def setup_async_training_args(cfg: ResolvedConfig) -> None:
     """Every async check before tokenizer, dataset or model load.
 
-    The server half runs here under ``--dry_run`` only, like :func:`dna_factory.services.probe_services`:
+    The server half runs here under ``--dry_run`` only, like :func:`dna_factory.serving.services.probe_services`:
     a real run checks the server once, in :func:`wait_for_server`, after waiting for it.
     """
     validate_async_args(cfg)

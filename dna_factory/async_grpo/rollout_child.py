@@ -27,7 +27,7 @@ import sys
 
 from trl.experimental.async_grpo import async_rollout_worker as _trl_worker
 
-from dna_factory.process_group import follow_owner
+from dna_factory.run.process_group import follow_owner
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def die_with_parent() -> None:
     the OOM killer or a native crash left the child generating against the server for ever, re-parented to PID 1).
 
     Linux's ``PR_SET_PDEATHSIG`` kills the child with its parent at once; a thread that watches the parent
-    pid (:func:`~dna_factory.process_group.follow_owner`) covers what that misses (a parent gone before the
+    pid (:func:`~dna_factory.run.process_group.follow_owner`) covers what that misses (a parent gone before the
     call, a platform without ``prctl``)."""
     parent = multiprocessing.parent_process()
     if parent is None:  # not a multiprocessing child: nothing to follow

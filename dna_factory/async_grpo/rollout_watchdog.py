@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import requests
 
 from dna_factory.errors import DnaServiceError
-from dna_factory.services import server_root
+from dna_factory.serving.services import server_root
 
 logger = logging.getLogger(__name__)
 

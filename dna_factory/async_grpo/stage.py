@@ -23,13 +23,13 @@ from dna_factory.async_grpo.preflight import (
     wait_for_server,
 )
 from dna_factory.async_grpo.rollout_watchdog import WatchdogTimeouts
-from dna_factory.config import ResolvedConfig
+from dna_factory.configuration.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError, DnaServiceError
 from dna_factory.grpo.keys import GRPOStageArguments, learning_alarms, validate_rewards
-from dna_factory.prompts import validate_prompt_settings
-from dna_factory.services import probe_services
+from dna_factory.inputs.prompts import validate_prompt_settings
+from dna_factory.serving.services import probe_services
+from dna_factory.serving.vllm_server import cuda_available, share_cores_with
 from dna_factory.stages.base import Stage, StageContext
-from dna_factory.vllm_server import cuda_available, share_cores_with
 from rewards.registry import resolve_rewards
 
 logger = logging.getLogger(__name__)

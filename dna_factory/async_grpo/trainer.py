@@ -46,7 +46,7 @@ import dna_factory.async_grpo.rollout_child  # noqa: F401  (TRL's rollout child,
 from dna_factory.async_grpo.rollout_watchdog import RolloutWatchdog, WatchdogTimeouts
 from dna_factory.async_grpo.tree_attention import use_tree_sdpa
 from dna_factory.errors import DnaConfigError
-from dna_factory.run_files import read_jsonl, write_atomic
+from dna_factory.run.run_files import read_jsonl, write_atomic
 from dna_factory.trl_pin import TRL_VERSION
 
 logger = logging.getLogger(__name__)

@@ -45,8 +45,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dna_factory.run_files import atomic_path
-from dna_factory.vllm_server import post_dev_endpoint, reload_weights
+from dna_factory.run.run_files import atomic_path
+from dna_factory.serving.vllm_server import post_dev_endpoint, reload_weights
 
 if TYPE_CHECKING:
     import torch

@@ -28,8 +28,7 @@ from typing import Literal
 
 from trl import DistillationConfig
 
-from dna_factory.config import ResolvedConfig
-from dna_factory.data_files import looks_local
+from dna_factory.configuration.config import ResolvedConfig
 from dna_factory.distill.teacher_server import TeacherServer
 from dna_factory.distill.tokenizer_alignment import (
     check_tokenizers,
@@ -38,8 +37,9 @@ from dna_factory.distill.tokenizer_alignment import (
 )
 from dna_factory.distill.trainers import LocalTeacherDistillationTrainer, SampledTokenOPDTrainer
 from dna_factory.errors import DnaConfigError
-from dna_factory.row_lengths import PromptLengthArguments
-from dna_factory.services import probe_services, server_root, start_line, wait_for_services
+from dna_factory.inputs.data_files import looks_local
+from dna_factory.inputs.row_lengths import PromptLengthArguments
+from dna_factory.serving.services import probe_services, server_root, start_line, wait_for_services
 from dna_factory.stages.base import Stage, StageContext
 
 logger = logging.getLogger(__name__)

@@ -34,7 +34,13 @@ import requests
 
 from dna_factory.distill.tokenizer_alignment import check_tokenizers
 from dna_factory.errors import DnaConfigError, DnaServiceError
-from dna_factory.services import RETRY_STATUSES, bound_session, server_root, start_line, wait_for_health
+from dna_factory.serving.services import (
+    RETRY_STATUSES,
+    bound_session,
+    server_root,
+    start_line,
+    wait_for_health,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +110,7 @@ class TeacherServer:
 
     Every request is bounded: ``request_timeout_s`` per try (connect and each read), ``retries``
     more tries with ``urllib3`` back-off for connection errors, read timeouts and transient
-    statuses (:data:`~dna_factory.services.RETRY_STATUSES`), then one clear error
+    statuses (:data:`~dna_factory.serving.services.RETRY_STATUSES`), then one clear error
     (:class:`~dna_factory.errors.DnaServiceError`). A sequence longer than the teacher's
     ``max_model_len`` is a :class:`~dna_factory.errors.DnaConfigError` naming both lengths.
 

@@ -11,11 +11,11 @@ On rank zero, and only there (no collective is issued, S-EVAL-4)::
                     skipped (eval_final); stop everything
 
 One eval is one background thread: start a vLLM server for the staged checkpoint
-(:class:`~dna_factory.vllm_server.VLLMServer`, own process group), run the harness process
+(:class:`~dna_factory.serving.vllm_server.VLLMServer`, own process group), run the harness process
 (:mod:`dna_factory.eval.harness`), stop both, delete the staged copy, append the row to
 ``<output_dir>/eval_results.jsonl``. With ``eval_server_url`` no server is started: the staged
 weights are loaded into that running (dev-mode) server in place
-(:func:`~dna_factory.vllm_server.reload_weights`, a tied head written out by
+(:func:`~dna_factory.serving.vllm_server.reload_weights`, a tied head written out by
 :func:`~dna_factory.eval.staging.write_tied_head`) and the harness asks for the name it serves.
 Files of step N are in ``<output_dir>/eval_logs/step-N/``:
 ``vllm.log``, ``harness.log``, ``processes.json`` (process group ids), ``<task>/`` (Inspect
@@ -40,7 +40,7 @@ from huggingface_hub import snapshot_download
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from dna_factory.config import ResolvedConfig
+from dna_factory.configuration.config import ResolvedConfig
 from dna_factory.eval.harness import HarnessRun, HarnessSettings, harness_command, resolve_tasks
 from dna_factory.eval.keys import (
     EVAL_LOGS_DIR,
@@ -49,10 +49,10 @@ from dna_factory.eval.keys import (
     without_parallel_flags,
 )
 from dna_factory.eval.staging import STAGING_DIR, stage_checkpoint, write_tied_head
-from dna_factory.interrupt import stop_requested
-from dna_factory.run_files import EVAL_RESULTS
-from dna_factory.services import server_root
-from dna_factory.vllm_server import VLLMServer, cuda_available, install_cleanup_hooks, reload_weights
+from dna_factory.run.interrupt import stop_requested
+from dna_factory.run.run_files import EVAL_RESULTS
+from dna_factory.serving.services import server_root
+from dna_factory.serving.vllm_server import VLLMServer, cuda_available, install_cleanup_hooks, reload_weights
 
 logger = logging.getLogger(__name__)
 

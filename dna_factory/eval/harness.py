@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dna_factory.errors import DnaConfigError
-from dna_factory.process_group import follow_owner, group_alive, kill_group, register, unregister
-from dna_factory.run_files import write_atomic
+from dna_factory.run.process_group import follow_owner, group_alive, kill_group, register, unregister
+from dna_factory.run.run_files import write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class HarnessError(RuntimeError):
 
 
 class HarnessRun:
-    """One harness process in its own process group (:mod:`dna_factory.process_group`): :meth:`start`, then
+    """One harness process in its own process group (:mod:`dna_factory.run.process_group`): :meth:`start`, then
     :meth:`wait` blocks; :meth:`stop` ends it from any thread, and so does the owner's exit or SIGTERM."""
 
     def __init__(self, command: list[str], log_path: Path) -> None:

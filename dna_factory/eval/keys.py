@@ -21,11 +21,11 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dna_factory.config import ResolvedConfig
+from dna_factory.configuration.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
 from dna_factory.eval.harness import LOCAL_TASKS, resolve_tasks
-from dna_factory.run_files import EVAL_RESULTS
-from dna_factory.services import server_root
+from dna_factory.run.run_files import EVAL_RESULTS
+from dna_factory.serving.services import server_root
 from rewards.options import did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -263,7 +263,7 @@ def validate_checkpoint_eval(cfg: ResolvedConfig) -> None:
 
 def _check_eval_server_url(cfg: ResolvedConfig, url: str) -> None:
     """A running server takes each checkpoint's full weights in place: no adapters (its reachability is
-    :func:`dna_factory.services.recipe_services`' concern, probed under ``--dry_run``, awaited at start)."""
+    :func:`dna_factory.serving.services.recipe_services`' concern, probed under ``--dry_run``, awaited at start)."""
     server_root(url, "eval_server_url")
     if cfg.get("use_peft"):
         raise DnaConfigError(

@@ -80,7 +80,7 @@ def write_tied_head(staged: str | os.PathLike[str]) -> bool:
     """Give a staged model with tied embeddings an explicit ``lm_head.weight`` (for an in-place reload).
 
     ``save_pretrained`` leaves ``lm_head.weight`` out of a tied model's files; a server that loads them
-    *in place* (vLLM's ``reload_weights``, :func:`dna_factory.vllm_server.reload_weights`) then keeps its
+    *in place* (vLLM's ``reload_weights``, :func:`dna_factory.serving.vllm_server.reload_weights`) then keeps its
     old head. This writes the input embeddings again as ``lm_head.weight`` into ``staged/lm_head.safetensors``
     (and into a sharded model's index, which is copied, never edited through its link). Returns whether it
     wrote one: not for untied models, models whose files already hold the head, or ``.bin`` weights.

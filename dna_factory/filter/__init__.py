@@ -13,7 +13,7 @@ into ``output_dir``:
 - ``report.json``: counts per class, overall and per dataset label.
 
 It selects training prompts only: no advantage is computed, no parameter is updated. Loading,
-normalising and mixing the datasets is :func:`dna_factory.data.load_mixture` (format ``grpo``);
+normalising and mixing the datasets is :func:`dna_factory.inputs.data.load_mixture` (format ``grpo``);
 rewards come from :func:`rewards.registry.resolve_rewards`, exactly as a GRPO recipe gives them.
 
 Example:

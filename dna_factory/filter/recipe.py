@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from dna_factory.errors import DnaConfigError
-from dna_factory.prompts import PromptArguments
-from dna_factory.row_lengths import PromptLengthArguments
+from dna_factory.inputs.prompts import PromptArguments
+from dna_factory.inputs.row_lengths import PromptLengthArguments
 from rewards.options import did_you_mean
 
 BACKENDS = ("server", "vllm", "hf")
@@ -28,7 +28,7 @@ SERVED_NAME = "filter-tasks"
 @dataclass
 class FilterTasksConfig(PromptArguments, PromptLengthArguments):
     """Every key of a filter_tasks recipe (``--help`` prints this list). The prompt keys are the training stages'
-    own (:class:`~dna_factory.prompts.PromptArguments`, ``max_prompt_length``), so rows are scored as trained."""
+    own (:class:`~dna_factory.inputs.prompts.PromptArguments`, ``max_prompt_length``), so rows are scored as trained."""
 
     datasets: list[dict | str] | None = field(
         default=None,
@@ -45,7 +45,7 @@ class FilterTasksConfig(PromptArguments, PromptLengthArguments):
         default="server",
         metadata={
             "help": "'server': an OpenAI-compatible server at base_url; 'vllm': start a vLLM server for "
-            "`model` (dna_factory.vllm_server); 'hf': transformers generate on a local model."
+            "`model` (dna_factory.serving.vllm_server); 'hf': transformers generate on a local model."
         },
     )
     model: str | None = field(
@@ -111,9 +111,9 @@ def validate(cfg: FilterTasksConfig) -> tuple[list, list, list]:
     Raises:
         DnaConfigError: "what is wrong. what to do." for the first problem found.
     """
-    from dna_factory.data import looks_local, parse_specs
+    from dna_factory.configuration.validation import mixture_columns
     from dna_factory.filter.learnability import CLASSES
-    from dna_factory.validation import mixture_columns
+    from dna_factory.inputs.data import looks_local, parse_specs
     from rewards.registry import check_reward_columns, resolve_rewards
 
     specs = parse_specs(cfg.datasets)
@@ -172,7 +172,7 @@ def validate(cfg: FilterTasksConfig) -> tuple[list, list, list]:
 
 def load_config(argv: list[str]):
     """Layer the dataclass defaults < ``--config`` recipe < ``--key value`` flags; returns (resolved, cfg)."""
-    from dna_factory.config import resolve
+    from dna_factory.configuration.config import resolve
 
     resolved = resolve("filter_tasks", "FilterTasks", [FilterTasksConfig], argv)
     if resolved.recipe_path is None:
@@ -193,12 +193,12 @@ def settings_of(cfg: FilterTasksConfig) -> dict[str, Any]:
 
 
 def prompt_rule_of(cfg: FilterTasksConfig, load_tokenizer: bool = False):
-    """The training stages' prompt rule (dna_factory.prompts), so rows are scored as they will be trained.
+    """The training stages' prompt rule (dna_factory.inputs.prompts), so rows are scored as they will be trained.
 
     A local model folder's chat template is read from its files; a hub id's tokenizer is loaded when
     ``load_tokenizer`` (the run; the dry run assumes chat). A server is asked for chat.
     """
-    from dna_factory.prompts import PromptRule, local_chat_template, resolve_prompt_format
+    from dna_factory.inputs.prompts import PromptRule, local_chat_template, resolve_prompt_format
 
     if cfg.prompt_format not in ("auto", "chat", "text"):
         _fail(f"prompt_format is {cfg.prompt_format!r}. Use auto, chat or text.")
@@ -216,13 +216,18 @@ def prompt_rule_of(cfg: FilterTasksConfig, load_tokenizer: bool = False):
 
 
 def _print_help() -> None:
-    print("usage: python -m rewards.filter_tasks --config RECIPE.yaml [--key value ...] [--dry_run]\n")
+    print(
+        "usage: python -m rewards.filter_tasks --config RECIPE.yaml [--key value ...] [--dry_run] [--preview [N]] "
+        "[--debug]\n"
+    )
     print(
         "Draws num_generations rollouts per prompt, scores them with reward_funcs and classes each prompt\n"
         "all_pass / learnable / all_fail / unscored; writes scored.jsonl (resumable), kept.jsonl and\n"
-        "report.json into output_dir. See docs/rewards.md, 'Learnability filtering'."
+        "report.json into output_dir. See docs/rewards.md, 'Learnability filtering'.\n\n"
+        "--preview [N]  print N prompts per dataset label as the model will see them, then exit (default 2)\n"
+        "--debug        print the traceback above an error: line"
     )
-    from dna_factory.config_types import describe_keys
+    from dna_factory.configuration.config_types import describe_keys
 
     print()
     print(describe_keys([FilterTasksConfig]))

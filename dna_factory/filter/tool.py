@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dna_factory.errors import CONFIG_ERRORS
+from dna_factory.errors import DnaConfigError
 from dna_factory.filter.recipe import (
     OUTPUT_FILES,
     SERVED_NAME,
@@ -29,7 +29,10 @@ from dna_factory.filter.recipe import (
     settings_of,
     validate,
 )
-from dna_factory.row_lengths import RowCheck, stage_limit
+from dna_factory.inputs.preview import split_preview_flag
+from dna_factory.inputs.row_lengths import RowCheck, stage_limit
+from dna_factory.run.cli import command_line, setup_logging
+from rewards.options import shorten
 
 # Heavy imports (datasets, torch, trl, aiohttp) happen inside the functions that need them, so
 # --help and recipe errors answer in a fraction of a second.
@@ -157,8 +160,8 @@ def run(cfg: FilterTasksConfig) -> dict[str, Any]:
         The report (also written to ``output_dir/report.json``).
     """
     from dna_factory.filter.learnability import CLASSES, ScoreLog, fingerprint, prompt_key
-    from dna_factory.run_files import write_atomic
-    from dna_factory.vllm_server import VLLMServer
+    from dna_factory.run.run_files import write_atomic
+    from dna_factory.serving.vllm_server import VLLMServer
     from rewards.registry import reward_name
 
     specs, funcs, weights = validate(cfg)
@@ -232,7 +235,7 @@ def run(cfg: FilterTasksConfig) -> dict[str, Any]:
 def load_prompts(cfg: FilterTasksConfig, specs) -> tuple[Any, Any]:
     """``(dataset, source)``: the mixture as generation sees it (templates, chat, system turn) and as the datasets
     hold it, both without the prompts over the length limit (:func:`measured`)."""
-    from dna_factory.data import load_mixture
+    from dna_factory.inputs.data import load_mixture
 
     # Prompts with no text are found before templates render, so both loads drop the same rows and stay aligned.
     empty = RowCheck(None, drop=cfg.drop_overlong_prompts)
@@ -245,7 +248,7 @@ def load_prompts(cfg: FilterTasksConfig, specs) -> tuple[Any, Any]:
 
 
 def measured(cfg: FilterTasksConfig, dataset, source):
-    """``(dataset, source)`` without the prompts over the limit (dna_factory.row_lengths), or an error naming the
+    """``(dataset, source)`` without the prompts over the limit (dna_factory.inputs.row_lengths), or an error naming the
     first (``drop_overlong_prompts: false``). backend server: not measured (no tokenizer here)."""
     model = cfg.model if cfg.backend != "server" else None
     if model is None:
@@ -279,18 +282,66 @@ async def _run_backend(cfg, dataset, todo, funcs, weights, log, backend) -> _Met
         return await _score_all(cfg, dataset, todo, funcs, weights, log, backend)
 
 
+def preview_prompts(cfg: FilterTasksConfig, specs, n: int, out=None) -> int:
+    """``--preview [N]``: the first N prompts per dataset label as the model will see them (after the templates,
+    the chat turn and the length check), with the columns the rewards receive; nothing is generated.
+    Returns the number of prompts shown."""
+    from dna_factory.inputs.preview import RULE, first_rows_per_label, generation_prompt_ids
+
+    out = out or sys.stdout
+    dataset, _ = load_prompts(cfg, specs)
+    tokenizer = None
+    if cfg.backend != "server":
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+    how = "as the model sees them" if tokenizer else "as sent to the server (it applies its chat template)"
+    print(f"# preview: filter_tasks, {len(dataset)} prompts, {n} per dataset label, {how}", file=out)
+    shown = 0
+    for label, indices in first_rows_per_label(dataset, n).items():
+        for index in indices:
+            row = dataset[index]
+            print(f"{RULE}\n[{label}] row {index}", file=out)
+            if tokenizer is None:
+                print(f"── prompt:\n{json.dumps(row['prompt'], ensure_ascii=False, indent=1)}", file=out)
+            else:
+                ids = generation_prompt_ids(
+                    tokenizer, row["prompt"], None, dict(cfg.chat_template_kwargs or {})
+                )
+                print(f"── generation prompt ({len(ids)} tokens):\n{tokenizer.decode(ids)}", file=out)
+            extra = {k: v for k, v in row.items() if k not in ("prompt", "label")}
+            if extra:
+                shown_columns = ", ".join(f"{k}={shorten(repr(v))}" for k, v in extra.items())
+                print(f"── columns the rewards receive:\n{shown_columns}", file=out)
+            shown += 1
+    print(RULE, file=out)
+    return shown
+
+
 def main(argv: list[str] | None = None) -> int:
-    """The CLI: 0 when done, 2 for a recipe error, 1 when generation fails (a rerun resumes)."""
-    from dna_factory.filter.rollouts import RolloutError
-    from dna_factory.vllm_server import VLLMServerError
+    """The CLI: 0 when done, 2 for a recipe error, 1 when generation fails (a rerun resumes); the boundary is
+    every entry's (:func:`dna_factory.run.cli.command_line`: ``--debug``, error lines, exit statuses)."""
+    from dna_factory.filter.rollouts import RolloutError  # aiohttp: not for --help and recipe errors
+    from dna_factory.serving.vllm_server import VLLMServerError
 
     argv = sys.argv[1:] if argv is None else argv
     if "--help" in argv or "-h" in argv:
         _print_help()
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        resolved, cfg = load_config(argv)
+    setup_logging()
+
+    def body(run_argv: list[str]) -> int:
+        run_argv, preview_rows = split_preview_flag(run_argv)
+        if preview_rows is not None:
+            resolved, cfg = load_config([*run_argv, "--dry_run"])
+            if preview_rows < 1:
+                raise DnaConfigError(
+                    f"--preview takes a positive number of prompts per dataset, got {preview_rows}."
+                )
+            specs, _, _ = validate(cfg)
+            preview_prompts(cfg, specs, preview_rows)
+            return 0
+        resolved, cfg = load_config(run_argv)
         if cfg.dry_run:
             specs, _, _ = validate(cfg)
             local = all(spec.is_local and Path(spec.path).expanduser().exists() for spec in specs)
@@ -301,23 +352,17 @@ def main(argv: list[str] | None = None) -> int:
             print("# dry run: recipe valid.", file=sys.stderr)
             return 0
         report = run(cfg)
-    except CONFIG_ERRORS as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except (RolloutError, VLLMServerError) as exc:
-        print(
-            f"error: {exc}\nPrompts scored so far are kept; rerun the same command to resume.",
-            file=sys.stderr,
-        )
-        return 1
-    except KeyboardInterrupt:
-        print(
-            "interrupted: prompts scored so far are kept; rerun the same command to resume.", file=sys.stderr
-        )
-        return 130
-    summary = ("total_prompts", "scored_prompts", "complete", "counts", "kept_rows")
-    print(json.dumps({key: report[key] for key in summary}))
-    return 0
+        summary = ("total_prompts", "scored_prompts", "complete", "counts", "kept_rows")
+        print(json.dumps({key: report[key] for key in summary}))
+        return 0
+
+    return command_line(
+        body,
+        argv,
+        interrupted="prompts scored so far are kept; rerun the same command to resume.",
+        failures=(RolloutError, VLLMServerError),
+        failure_hint="\nPrompts scored so far are kept; rerun the same command to resume.",
+    )
 
 
 if __name__ == "__main__":

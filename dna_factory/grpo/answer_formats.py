@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from dna_factory.data import parse_specs
-from dna_factory.data_files import peek_columns, peek_rows
 from dna_factory.errors import DnaConfigError
+from dna_factory.inputs.data import parse_specs
+from dna_factory.inputs.data_files import peek_columns, peek_rows
 from rewards.verifiable import ANSWER_MARKERS, EXTRACTORS
 
 logger = logging.getLogger(__name__)

@@ -49,7 +49,7 @@ class CompletionsLog(TrainerCallback):
             return
         import json
 
-        from dna_factory.run_files import read_jsonl
+        from dna_factory.run.run_files import read_jsonl
 
         kept = [row for row in read_jsonl(self.out / FILE_NAME) if row.get("step", 0) <= state.global_step]
         (self.out / FILE_NAME).write_text(

@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dna_factory.config import ResolvedConfig
+from dna_factory.configuration.config import ResolvedConfig
+from dna_factory.configuration.validation import dataset_columns
 from dna_factory.errors import DnaConfigError
 from dna_factory.grpo.alarms import LearningAlarms
 from dna_factory.grpo.answer_formats import check_gold_cells, warn_unasked_answer_formats
 from dna_factory.grpo.reward_probe import probe_user_rewards
 from dna_factory.grpo.shown_tests import warn_shown_tests
-from dna_factory.row_lengths import PromptLengthArguments
-from dna_factory.validation import dataset_columns
+from dna_factory.inputs.row_lengths import PromptLengthArguments
 from rewards.registry import check_reward_columns, resolve_rewards
 
 

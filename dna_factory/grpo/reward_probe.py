@@ -23,10 +23,11 @@ import os
 import traceback
 from typing import Any
 
-from dna_factory.data import SOURCE_LABEL, parse_specs
-from dna_factory.data_files import peek_rows
 from dna_factory.errors import DnaConfigError
-from dna_factory.prompts import PromptRule, render_prompt_template, resolve_prompt_format
+from dna_factory.inputs.data import SOURCE_LABEL, parse_specs
+from dna_factory.inputs.data_files import peek_rows
+from dna_factory.inputs.prompts import PromptRule, render_prompt_template, resolve_prompt_format
+from rewards.options import shorten
 from rewards.registry import resolve_rewards, reward_name
 
 logger = logging.getLogger(__name__)
@@ -175,5 +176,4 @@ def _check_values(name: str, result: Any, rows: list[tuple[str, int, dict]]) -> 
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return shorten(repr(value), 80)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from dna_factory.data import parse_specs
-from dna_factory.data_files import peek_rows
 from dna_factory.errors import DnaConfigError
 from dna_factory.grpo.answer_formats import _asked_text, _prompt_source, _source_column
+from dna_factory.inputs.data import parse_specs
+from dna_factory.inputs.data_files import peek_rows
 from rewards.code_tests import merge_suites
 
 logger = logging.getLogger(__name__)

@@ -11,12 +11,12 @@ from __future__ import annotations
 from trl import GRPOConfig, GRPOTrainer
 
 from dna_factory.agents.config import AgentArguments, agent_trainer_kwargs, validate_agent
-from dna_factory.config import ResolvedConfig
+from dna_factory.configuration.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
 from dna_factory.grpo.completions_log import CompletionsLog
 from dna_factory.grpo.dynamic_sampling import DynamicSamplingGRPOTrainer
 from dna_factory.grpo.keys import GRPOStageArguments, learning_alarms, validate_rewards
-from dna_factory.services import probe_services, wait_for_services
+from dna_factory.serving.services import probe_services, wait_for_services
 from dna_factory.stages.base import Stage, StageContext
 from rewards.registry import resolve_rewards
 

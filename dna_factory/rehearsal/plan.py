@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dna_factory.config import CLI
-from dna_factory.data_files import looks_local
+import dna_factory.rehearsal.hub_data as hub_data
+from dna_factory.configuration.config import CLI
 from dna_factory.errors import DnaConfigError
-from dna_factory.rehearsal import hub_data
+from dna_factory.inputs.data_files import looks_local
 from dna_factory.rehearsal.models import _hub_reachable, rehearsal_model
 from dna_factory.rehearsal.twins import (
     CORPUS_TWINS,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dna_factory.errors import DnaConfigError
-from dna_factory.run_files import write_atomic
+from dna_factory.run.run_files import write_atomic
 
 RECORD_NAME = "rehearsal.json"
 REAL_RUN_MARKS = ("run_summary.json", "resolved_config.yaml", "DONE.json", "trainer_state.json")

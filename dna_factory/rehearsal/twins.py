@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dna_factory.rehearsal import hub_data
-from dna_factory.run_files import write_atomic
+import dna_factory.rehearsal.hub_data as hub_data
+from dna_factory.run.run_files import write_atomic
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "artifacts" / "tiny"

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dna_factory.config import ResolvedConfig
+from dna_factory.configuration.config import ResolvedConfig
 
 
 @dataclass
@@ -48,7 +48,7 @@ class Stage:
         name: entry name (``sft``), also the ``outputs/<name>-...`` prefix.
         defaults: ``configs/_defaults-<defaults>.yaml`` is the lowest config layer.
         config_class: the TRL config dataclass (or a project subclass of it).
-        data_format: the dataset format rows are normalised to (see ``dna_factory.data.FORMATS``).
+        data_format: the dataset format rows are normalised to (see ``dna_factory.inputs.data.FORMATS``).
         build_trainer: returns a ready TRL trainer for a StageContext.
         validators: pure checks over the resolved config, run before anything heavy loads
             and by ``--dry_run``; each raises DnaConfigError.
@@ -75,9 +75,9 @@ def dataclass_types(stage: Stage) -> list[type]:
     """The dataclasses whose fields are the stage's keys: its TRL config, TRL's ModelConfig and ours."""
     from trl import ModelConfig
 
-    from dna_factory.config import RunArguments
+    from dna_factory.configuration.config import RunArguments
     from dna_factory.eval.keys import CheckpointEvalArguments
-    from dna_factory.prompts import PromptArguments
+    from dna_factory.inputs.prompts import PromptArguments
 
     return [
         stage.config_class,

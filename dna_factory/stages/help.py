@@ -15,7 +15,7 @@ import hashlib
 from importlib import metadata
 from pathlib import Path
 
-from dna_factory.config import CONFIGS_DIR, load_yaml, peek_value
+from dna_factory.configuration.config import CONFIGS_DIR, load_yaml, peek_value
 
 HELP_DIR = Path(__file__).with_name("help")
 PACKAGES = ("trl", "transformers")
@@ -51,7 +51,7 @@ def _version(name: str) -> str:
 
 def build_help(stage) -> str:
     """The text, from the stage's dataclasses and its defaults file (imports TRL)."""
-    from dna_factory.config_types import describe_keys
+    from dna_factory.configuration.config_types import describe_keys
     from dna_factory.stages.base import dataclass_types
 
     name = f"_defaults-{stage.defaults}.yaml"
@@ -97,7 +97,7 @@ def live_stage(stage_name: str, argv: list[str]):
     import contextlib
 
     from dna_factory.errors import CONFIG_ERRORS
-    from dna_factory.stages import get_stage, select_stage
+    from dna_factory.stages.registry import get_stage, select_stage
 
     with contextlib.suppress(*CONFIG_ERRORS):  # grpo_execution: async has its own keys and defaults file
         return select_stage(stage_name, argv)

@@ -18,7 +18,9 @@ import os
 import threading
 from dataclasses import dataclass
 
-from rewards.sandbox import bwrap
+import rewards.sandbox.bwrap as bwrap
+from rewards.sandbox.execute import Limits, execute, run_blocking
+from rewards.sandbox.workdir import sweep_stale_workdirs
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +57,6 @@ def sandbox_isolation() -> Isolation:
         True
     """
     global _isolation
-    from rewards.sandbox import run_python, sweep_stale_workdirs  # imported late: a cycle
 
     with _lock:
         if _isolation is not None:
@@ -65,7 +66,10 @@ def sandbox_isolation() -> Isolation:
             logger.info("Deleted %d sandbox directories left by killed processes.", stale)
         reason = bwrap.missing_tools()
         if reason is None:
-            probe = run_python(_PROBE, timeout_s=30.0, isolation="namespaces")
+            probe = run_blocking(
+                execute(_PROBE, None, tests=None, setup=None, timeout_s=30.0, limits=Limits(),
+                        isolation="namespaces", seccomp=True)
+            )  # fmt: skip
             seen = probe.stdout.split()
             if probe.ok and seen == ["65534", "0000000000000000", "False", "False"]:
                 _isolation = Isolation(True)

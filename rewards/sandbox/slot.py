@@ -33,7 +33,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rewards.sandbox import bwrap
+import rewards.sandbox.bwrap as bwrap
 from rewards.sandbox.streams import ready
 
 logger = logging.getLogger(__name__)

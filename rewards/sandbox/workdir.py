@@ -18,7 +18,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from rewards.sandbox import bwrap
+import rewards.sandbox.bwrap as bwrap
 
 logger = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from rewards.code import make_code_execution_reward
 from rewards.registry import RewardConfigError
 from rewards.sandbox import Limits, bwrap, run_python, sandbox_isolation, sweep_stale_workdirs
 from rewards.sandbox import isolation as isolation_module
+from rewards.sandbox import workdir as sandbox_workdir
 from tests.conftest import REPO, run_cli
 
 MODES = ["process", *(["namespaces"] if sandbox_isolation().namespaces else [])]
@@ -78,7 +79,7 @@ def _make_locked_tree(top: str) -> None:
 def _lock_and_remove(top: str) -> None:
     os.mkdir(top)
     _make_locked_tree(top)
-    sandbox._remove_tree(top)
+    sandbox_workdir._remove_tree(top)
 
 
 @pytest.fixture

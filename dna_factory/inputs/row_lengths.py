@@ -210,7 +210,7 @@ def special_tokens(row: dict, whole_row: bool, added: int) -> int:
 
 @dataclass
 class RowCheck:
-    """What :func:`dna_factory.data.load_mixture` does to each dataset's rows: drop or refuse over-long rows and
+    """What :func:`dna_factory.inputs.data.load_mixture` does to each dataset's rows: drop or refuse over-long rows and
     rows whose prompt holds no text (``drop``), against ``limit``. The tokenizer loads on first use."""
 
     limit: LengthLimit | None

@@ -25,11 +25,11 @@ from typing import Any
 
 import yaml
 
-from dna_factory.config_types import check_known_keys, coerce_value, field_types
+from dna_factory.configuration.config_types import check_known_keys, coerce_value, field_types
 from dna_factory.errors import DnaConfigError
 from rewards.options import did_you_mean
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS_DIR = REPO_ROOT / "configs"
 
 CLI = "the command line"

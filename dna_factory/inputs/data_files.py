@@ -29,7 +29,7 @@ class DatasetSpec:
     max_samples: int | None = None
     name: str | None = None
     data_files: Any = None
-    prompt_template: str | None = None  # Jinja2 over the row's columns (dna_factory.prompts)
+    prompt_template: str | None = None  # Jinja2 over the row's columns (dna_factory.inputs.prompts)
 
     @property
     def is_local(self) -> bool:

@@ -79,12 +79,12 @@ def through_launch(launcher: Sequence[str]) -> list[str]:
     launcher and options, ending in the workers' own line); anything else is run as written.
 
     >>> through_launch(["accelerate", "launch", "--config_file", "zero3.yaml"])[1:]
-    ['-m', 'dna_factory.launch', '--config_file', 'zero3.yaml']
+    ['-m', 'dna_factory.run.launch', '--config_file', 'zero3.yaml']
     >>> through_launch(["torchrun", "--nproc_per_node", "8"])
     ['torchrun', '--nproc_per_node', '8']
     """
     if list(launcher[:2]) == ["accelerate", "launch"]:
-        return [sys.executable, "-m", "dna_factory.launch", *launcher[2:]]
+        return [sys.executable, "-m", "dna_factory.run.launch", *launcher[2:]]
     return list(launcher)
 
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from dna_factory import run_files
-from dna_factory.config import load_yaml, shipped_config_hint
+from dna_factory.configuration.config import load_yaml, shipped_config_hint
 from dna_factory.errors import DnaConfigError
+from dna_factory.run import run_files
 from dna_factory.stages import STAGE_MODULES
 from rewards.options import did_you_mean
 

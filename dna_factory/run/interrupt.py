@@ -48,7 +48,7 @@ def stop_requested() -> bool:
 
 
 def note_stop_request(signum: int) -> None:
-    """Record that this process was asked to stop on ``signum`` (:class:`~dna_factory.run_callbacks.GracefulStop`);
+    """Record that this process was asked to stop on ``signum`` (:class:`~dna_factory.run.run_callbacks.GracefulStop`);
     the reporter thread (:func:`start_stop_reporter`) says what a stop that takes long waits for."""
     _requested.append((signum, time.monotonic()))
 

@@ -1,6 +1,6 @@
 """Child processes that run in a process group of their own, and the cleanup that stops them with their owner.
 
-A vLLM server (:mod:`dna_factory.vllm_server`) and a checkpoint-eval harness run
+A vLLM server (:mod:`dna_factory.serving.vllm_server`) and a checkpoint-eval harness run
 (:mod:`dna_factory.eval.harness`) each start with ``start_new_session=True``: the child leads a new session
 and process group, so one ``os.killpg`` reaches it and everything it spawned (vLLM's engine core, the
 harness's workers). Both stop the same way (:func:`kill_group`: SIGTERM, a grace period, SIGKILL) and both
@@ -10,7 +10,7 @@ preemption, a Ctrl-C that reaches only the trainer).
 
 An owner killed outright (SIGKILL, the OOM killer, a native crash) runs none of that, so the children also
 follow their owner themselves (:func:`follow_owner`): the harness exits, the async rollout child exits, and a
-vLLM server runs under ``python -m dna_factory.process_group OWNER_PID GRACE_S MODULE ARGS...``, which runs
+vLLM server runs under ``python -m dna_factory.run.process_group OWNER_PID GRACE_S MODULE ARGS...``, which runs
 ``MODULE`` as ``python -m`` would, in the same process, and stops its group (SIGTERM, then SIGKILL after
 ``GRACE_S``) once its owner is gone.
 
@@ -140,7 +140,7 @@ def install_cleanup_hooks() -> None:
             logger.warning(
                 "A vLLM server or eval harness was started outside the main thread, where no SIGTERM handler "
                 "can be installed: SIGTERM to this process would leave it running. Call "
-                "dna_factory.process_group.install_cleanup_hooks() from the main thread first."
+                "dna_factory.run.process_group.install_cleanup_hooks() from the main thread first."
             )
             return
         current = signal.getsignal(signal.SIGTERM)
@@ -196,7 +196,7 @@ def with_owner(module: str, grace_s: float) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m dna_factory.process_group OWNER_PID GRACE_S MODULE [ARGS...]`` (see the module's text)."""
+    """``python -m dna_factory.run.process_group OWNER_PID GRACE_S MODULE [ARGS...]`` (see the module's text)."""
     owner, grace, module, *args = sys.argv[1:] if argv is None else argv
     follow_owner(int(owner), lambda: stop_own_group(module, int(owner), float(grace)))
     sys.argv = [module, *args]

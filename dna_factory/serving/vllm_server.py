@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from dna_factory.errors import DnaServiceError
-from dna_factory.process_group import (  # noqa: F401 - group_alive, install_cleanup_hooks: re-exported
+from dna_factory.run.process_group import (  # noqa: F401 - group_alive, install_cleanup_hooks: re-exported
     group_alive,
     install_cleanup_hooks,
     kill_group,

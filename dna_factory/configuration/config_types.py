@@ -1,6 +1,6 @@
 """Config value types: each key's type from the dataclasses, lenient YAML-aware coercion, unknown-key errors.
 
-Used by :mod:`dna_factory.config` for every layer. The one "did you mean" helper is
+Used by :mod:`dna_factory.configuration.config` for every layer. The one "did you mean" helper is
 :func:`rewards.options.did_you_mean` (in ``rewards/``, the ground floor both packages build on).
 """
 
@@ -229,7 +229,7 @@ def describe_keys(
 
 def dataclass_defaults(classes: typing.Iterable[type]) -> dict[str, Any]:
     """The default of every field of ``classes`` (``default_factory`` called; the first class to define a key wins),
-    for ``--help`` and the run fingerprint (:func:`dna_factory.resume.fingerprint`)."""
+    for ``--help`` and the run fingerprint (:func:`dna_factory.run.resume.fingerprint`)."""
     found: dict[str, Any] = {}
     for cls in classes:
         for f in dataclasses.fields(cls):

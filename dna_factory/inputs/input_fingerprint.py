@@ -1,6 +1,6 @@
 """What a run was trained from beyond its keys: the dataset files' contents and the world size (#35 item 4).
 
-A resume checks these with the run's keys (:mod:`dna_factory.resume`): an edited dataset file, or the same run
+A resume checks these with the run's keys (:mod:`dna_factory.run.resume`): an edited dataset file, or the same run
 launched on another number of processes (another global batch, another data order), is refused with the usual
 one line and way out (``--allow_config_change``).
 
@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dna_factory.data_files import looks_local
+from dna_factory.inputs.data_files import looks_local
 
 FULL_HASH_BYTES = 64 * 2**20
 """Files up to this size are hashed whole."""
@@ -111,7 +111,7 @@ def data_records(datasets: Any) -> dict[str, dict[str, Any]]:
 
 def model_records(path: str) -> dict[str, dict[str, Any]] | str:
     """A local model folder's files (weights by size and mtime, never read; small files by content), or the
-    hub id as given: what a pipeline stage started from (:mod:`dna_factory.pipeline_state`)."""
+    hub id as given: what a pipeline stage started from (:mod:`dna_factory.pipeline.state`)."""
     folder = Path(path).expanduser()
     if not folder.exists():
         return path

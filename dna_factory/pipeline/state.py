@@ -4,9 +4,9 @@ A stage is done only while what it was trained from is still what is upstream. B
 pipeline writes ``pipeline_inputs.json`` into its folder, and its ``DONE.json`` repeats it with a ``run_id``
 of its own:
 
-* ``fingerprint``: its resolved config as the run fingerprint sees it (:func:`dna_factory.resume.fingerprint`:
+* ``fingerprint``: its resolved config as the run fingerprint sees it (:func:`dna_factory.run.resume.fingerprint`:
   every key that changes the optimisation, less the model paths, which the next two cover) with its dataset
-  files' contents (:mod:`dna_factory.input_fingerprint`);
+  files' contents (:mod:`dna_factory.inputs.input_fingerprint`);
 * ``upstream``: the ``run_id`` of each stage it builds on (the previous stage, and any ``${stage}`` its
   overrides name);
 * ``model``: for a stage that starts from a model of its own (``model:``, or the recipe's first model), that
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dna_factory.input_fingerprint import file_differences, model_records
-from dna_factory.pipeline_recipe import DONE, REFERENCE, Pipeline, PipelineStage, model_reference
-from dna_factory.resume import PATH_KEYS, differences, fingerprint
-from dna_factory.run_files import read_json, write_atomic
+from dna_factory.inputs.input_fingerprint import file_differences, model_records
+from dna_factory.pipeline.recipe import DONE, REFERENCE, Pipeline, PipelineStage, model_reference
+from dna_factory.run.resume import PATH_KEYS, differences, fingerprint
+from dna_factory.run.run_files import read_json, write_atomic
 
 INPUTS = "pipeline_inputs.json"
 
@@ -59,7 +59,7 @@ def dependencies(pipeline: Pipeline, stage: PipelineStage) -> list[PipelineStage
 
 
 def _config_fingerprint(stage: PipelineStage, cfg: Any) -> dict[str, Any]:
-    from dna_factory.config_types import dataclass_defaults
+    from dna_factory.configuration.config_types import dataclass_defaults
 
     chained = {
         key for key, value in stage.overrides.items() if isinstance(value, str) and REFERENCE.search(value)

@@ -14,12 +14,12 @@ import os
 import socket
 from urllib.parse import urlparse
 
-from dna_factory.config import ResolvedConfig, RunArguments
-from dna_factory.data import load_mixture, parse_specs
-from dna_factory.data_files import looks_local
+from dna_factory.configuration.config import ResolvedConfig, RunArguments
 from dna_factory.errors import CONFIG_ERRORS, DnaConfigError
-from dna_factory.prompts import PromptArguments, PromptRule, local_chat_template, resolve_prompt_format
-from dna_factory.row_lengths import SERVER_MAX_MODEL_LEN, RowCheck, stage_limit
+from dna_factory.inputs.data import load_mixture, parse_specs
+from dna_factory.inputs.data_files import looks_local
+from dna_factory.inputs.prompts import PromptArguments, PromptRule, local_chat_template, resolve_prompt_format
+from dna_factory.inputs.row_lengths import SERVER_MAX_MODEL_LEN, RowCheck, stage_limit
 from dna_factory.stages import Stage, StageContext
 
 logger = logging.getLogger(__name__)

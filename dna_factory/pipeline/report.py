@@ -23,8 +23,8 @@ import json
 import logging
 from pathlib import Path
 
-from dna_factory.pipeline_recipe import input_model
-from dna_factory.run_files import DONE, RUN_SUMMARY, eval_rows, read_json, train_history, write_atomic
+from dna_factory.pipeline.recipe import input_model
+from dna_factory.run.run_files import DONE, RUN_SUMMARY, eval_rows, read_json, train_history, write_atomic
 
 logger = logging.getLogger(__name__)
 

@@ -10,13 +10,13 @@ import logging
 import os
 from pathlib import Path
 
-from dna_factory.config import ResolvedConfig
-from dna_factory.data import SOURCE_LABEL, check_format_columns, looks_local, parse_specs
-from dna_factory.data_files import peek_columns
+from dna_factory.configuration.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
 from dna_factory.eval.keys import validate_checkpoint_eval
-from dna_factory.prompts import validate_prompt_settings
-from rewards.options import did_you_mean, nearest
+from dna_factory.inputs.data import SOURCE_LABEL, check_format_columns, looks_local, parse_specs
+from dna_factory.inputs.data_files import peek_columns
+from dna_factory.inputs.prompts import validate_prompt_settings
+from rewards.options import did_you_mean, nearest, shorten
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def validate_only_labels(cfg: ResolvedConfig) -> None:
     for entry in cfg.get("reward_funcs") or []:
         wanted = entry.get("only_label") if isinstance(entry, dict) else None
         if wanted is not None and str(wanted) not in labels:
-            shown = repr(entry) if len(repr(entry)) <= 120 else repr(entry)[:117] + "..."
+            shown = shorten(repr(entry))
             raise DnaConfigError(
                 f"Reward {shown} has only_label {wanted!r}, but no dataset in the mixture has that label, so it "
                 f"would score no row.{did_you_mean(str(wanted), labels)} Set only_label to one of the datasets' "
@@ -190,7 +190,7 @@ def validate_wandb_login(cfg: ResolvedConfig) -> None:
 
 def validate_distributed_env(cfg: ResolvedConfig) -> None:
     """accelerate configured for DeepSpeed without deepspeed installed fails now, not after the model loaded (a
-    missing ``deepspeed:`` file is refused earlier, by :func:`dna_factory.config.check_deepspeed_file`)."""
+    missing ``deepspeed:`` file is refused earlier, by :func:`dna_factory.configuration.config.check_deepspeed_file`)."""
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
         import importlib.util
 

@@ -25,16 +25,16 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dna_factory.data_files import (
+from dna_factory.errors import DnaConfigError
+from dna_factory.inputs.data_files import (
     DatasetSpec,
     folder_without_data,
     load_one,
     looks_local,
     nested_sources,
 )
-from dna_factory.errors import DnaConfigError
-from dna_factory.prompts import PromptRule, compile_template, render_prompt_template, template_columns
-from dna_factory.row_lengths import RowCheck
+from dna_factory.inputs.prompts import PromptRule, compile_template, render_prompt_template, template_columns
+from dna_factory.inputs.row_lengths import RowCheck
 from rewards.options import did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -369,9 +369,9 @@ def load_mixture(
 ):
     """Load, check, normalise, template, label, resample and concatenate the datasets of a mixture.
 
-    ``prompt_rule`` (chat or text, system turn; :mod:`dna_factory.prompts`) renders each
+    ``prompt_rule`` (chat or text, system turn; :mod:`dna_factory.inputs.prompts`) renders each
     dataset's rows before the datasets are mixed, so string and chat datasets mix. ``check``
-    (:mod:`dna_factory.row_lengths`) then drops or refuses each dataset's over-long rows, and its
+    (:mod:`dna_factory.inputs.row_lengths`) then drops or refuses each dataset's over-long rows, and its
     rows whose prompt holds no text (without it those are refused).
 
     Raises:

@@ -14,7 +14,7 @@ Two settings, run-wide (:class:`PromptArguments`), and one per dataset (``prompt
   prompt it rewrites the content of the last user turn. Only ``{{ }}``, ``{% %}`` and ``{# #}``
   are Jinja; a lone brace is literal, so LaTeX such as ``\\boxed{}`` needs no escaping.
 
-Per stage (after the row checks of :mod:`dna_factory.data`, before datasets are mixed, so string
+Per stage (after the row checks of :mod:`dna_factory.inputs.data`, before datasets are mixed, so string
 and chat datasets mix), decided per dataset from its column types:
 
 ========================== ===================================================================

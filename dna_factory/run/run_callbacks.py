@@ -1,5 +1,5 @@
 """The Trainer callbacks the runner gives every stage: :class:`GracefulStop` (signals, see
-:mod:`dna_factory.interrupt`) and :class:`FingerprintCallback` (resume records, see :mod:`dna_factory.resume`).
+:mod:`dna_factory.run.interrupt`) and :class:`FingerprintCallback` (resume records, see :mod:`dna_factory.run.resume`).
 
 They live apart from those two modules because they import transformers: the runner imports this
 module when it builds the trainer, so ``--help`` and config errors answer without loading it.
@@ -17,10 +17,10 @@ from typing import Any
 from transformers import TrainerCallback
 
 from dna_factory.errors import Interrupted
-from dna_factory.interrupt import SIGNALS, note_stop_request, start_stop_reporter
-from dna_factory.resume import FINGERPRINT_NAME, follow_umask, write_fingerprint
+from dna_factory.run.interrupt import SIGNALS, note_stop_request, start_stop_reporter
+from dna_factory.run.resume import FINGERPRINT_NAME, follow_umask, write_fingerprint
 
-logger = logging.getLogger("dna_factory.interrupt")
+logger = logging.getLogger("dna_factory.run.interrupt")
 
 
 class GracefulStop(TrainerCallback):

@@ -46,14 +46,13 @@ from collections.abc import Set
 from pathlib import Path
 
 from dna_factory.errors import CONFIG_ERRORS, DnaConfigError
-from dna_factory.launch import through_launch
-from dna_factory.pipeline_eval_server import (
+from dna_factory.pipeline.eval_server import (
     check_eval_server_model,
     check_eval_server_spec,
     start_eval_server,
     uses_eval_server,
 )
-from dna_factory.pipeline_recipe import (
+from dna_factory.pipeline.recipe import (
     DONE,
     Pipeline,
     PipelineStage,
@@ -65,7 +64,7 @@ from dna_factory.pipeline_recipe import (
     set_keys,
     stage_argv,
 )
-from dna_factory.pipeline_state import (
+from dna_factory.pipeline.state import (
     dependencies,
     done_record,
     plan,
@@ -74,7 +73,9 @@ from dna_factory.pipeline_state import (
     start_over,
     state_of,
 )
-from dna_factory.run_files import write_atomic
+from dna_factory.run.cli import command_line, setup_logging
+from dna_factory.run.launch import through_launch
+from dna_factory.run.run_files import write_atomic
 from rewards.options import did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ def rehearse(
 
 def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
     """Dry-run every selected stage's config in this process; raise on the first error, naming the stage."""
-    from dna_factory.runner import prepare
+    from dna_factory.run.runner import prepare
 
     rows = []
     # Later stages' models do not exist yet: each stage is validated against the model its chain starts from.
@@ -169,8 +170,8 @@ def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
 
 def preview_stages(rows: list[dict], n: int) -> None:
     """``--preview N`` per stage: each stage's first rows as its trainer will tokenize them (no model loads)."""
-    from dna_factory.loading import load_data
-    from dna_factory.preview import preview
+    from dna_factory.inputs.loading import load_data
+    from dna_factory.inputs.preview import preview
 
     for r in rows:
         entry_stage, cfg = r["prepared"]
@@ -277,13 +278,13 @@ def run(
     pipeline: Pipeline, selected: list[PipelineStage], cfgs: dict, shared_eval: Set[str] = frozenset()
 ) -> list[dict]:
     """Run the selected stages in order, skipping finished ones whose inputs are still what is upstream
-    (:mod:`dna_factory.pipeline_state`; ``cfgs``: each stage's resolved config); the report is refreshed after
+    (:mod:`dna_factory.pipeline.state`; ``cfgs``: each stage's resolved config); the report is refreshed after
     each.
 
     ``shared_eval`` names the stages that evaluate on the recipe's ``eval_server``: it is started before the first
     of them that runs, handed to each as ``eval_server_url``, and stopped when the pipeline ends.
     """
-    from dna_factory.report import write_report
+    from dna_factory.pipeline.report import write_report
 
     root = pipeline.output_dir
     root.mkdir(parents=True, exist_ok=True)
@@ -374,12 +375,13 @@ def main(argv: list[str] | None = None) -> int:
         help="Override a config key in every stage, above the recipe (repeatable; VALUE is YAML), e.g. a "
         "smoke test of the whole chain: --set max_steps=2 --set save_steps=2.",
     )
-    args = parser.parse_args(argv)
-    from dna_factory.runner import setup_logging
+    parser.add_argument("--debug", action="store_true", help="Print the traceback above an error: line.")
+    argv = sys.argv[1:] if argv is None else list(argv)
 
-    setup_logging()
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    try:
+    def body(run_argv: list[str]) -> int:
+        args = parser.parse_args(run_argv)
+        setup_logging()
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
         pipeline = load_pipeline(args.recipe)
         apply_cli_overrides(pipeline, args.set, args.output_dir)
         if args.rehearse:
@@ -416,27 +418,25 @@ def main(argv: list[str] | None = None) -> int:
             print("\n# dry run: every stage's config is valid.")
             return 0
         run(pipeline, selected, cfgs, {r["name"] for r in rows if r["eval_server"]})
-    except CONFIG_ERRORS as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except StageInterrupted as exc:
-        command = shlex.join(["python", "pipeline.py", *(sys.argv[1:] if argv is None else argv)])
+        from dna_factory.pipeline.report import print_table
+
+        print_table(pipeline)
+        return 0
+
+    command = shlex.join(["python", "pipeline.py", *argv])
+
+    def stage_interrupted(exc: BaseException, debug: bool) -> int:
         print(
             f"interrupted: {exc}; finished stages are kept and this one resumes from its last checkpoint. "
             f"To resume, rerun: {command}",
             file=sys.stderr,
         )
         return exc.status
-    except KeyboardInterrupt:
-        print(
-            "interrupted: before any stage ran, or between stages. Rerun the same command to go on.",
-            file=sys.stderr,
-        )
-        return 130
-    from dna_factory.report import print_table
 
-    print_table(pipeline)
-    return 0
+    return command_line(
+        body,
+        argv,
+        interrupted="before any stage ran, or between stages. Rerun the same command to go on.",
+        failures=(RuntimeError,),
+        handlers=((StageInterrupted, stage_interrupted),),
+    )

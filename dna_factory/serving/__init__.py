@@ -1,0 +1,5 @@
+"""The HTTP services a stage talks to.
+
+``vllm_server`` a vLLM OpenAI-compatible server as a child process that cannot outlive its owner
+``services``    waiting for an external service (vLLM, teacher, judge, eval server) with a bounded wait
+"""
