@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
 import re
 import threading
 from concurrent.futures import ProcessPoolExecutor
@@ -346,8 +347,6 @@ def _pool() -> ProcessPoolExecutor:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            import multiprocessing
-
             _POOL = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
         return _POOL
 
@@ -413,7 +412,6 @@ def symbolic_equal(answer: str, gold: str, timeout_s: float = FALLBACK_TIMEOUT_S
                 "Math equivalence: %r vs %r: %s; the sample gets None.", answer, gold, exc or type(exc)
             )
             return None
-    import multiprocessing
 
     if multiprocessing.current_process().daemon:  # async GRPO's rollout child: no child processes allowed
         return _verify_in_thread(answer, gold, timeout_s)

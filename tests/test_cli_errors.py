@@ -307,7 +307,12 @@ def test_every_entry_takes_debug_and_prints_one_error_line(entry, tmp_path, tiny
     argv = {
         "sft.py": _sft_args(tmp_path, "--model_name_or_path", str(folder)),
         "pipeline.py": ["pipeline.py", "--recipe", _bad_pipeline_recipe(tmp_path), "--dry_run"],
-        "rewards.filter_tasks": ["-m", "rewards.filter_tasks", "--config", _bad_filter_recipe(tmp_path, tiny_model)],
+        "rewards.filter_tasks": [
+            "-m",
+            "rewards.filter_tasks",
+            "--config",
+            _bad_filter_recipe(tmp_path, tiny_model),
+        ],
     }[entry]
     for debug in (False, True):
         proc = run_cli(*argv, *(["--debug"] if debug else []), timeout=300)

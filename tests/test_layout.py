@@ -178,6 +178,40 @@ def test_no_module_imports_through_its_own_package_face():
     assert offenders == [], offenders
 
 
+DEFERRED = (
+    "torch", "transformers", "trl", "datasets", "peft", "vllm", "accelerate", "deepspeed", "safetensors", "pandas",
+    "matplotlib", "pyarrow", "numpy", "bm25s", "wandb", "inspect_ai", "huggingface_hub", "langdetect", "math_verify",
+    "jinja2", "tqdm",
+)  # fmt: skip
+"""Libraries an import inside a function may defer without a comment: each costs from a tenth of a second to
+several seconds to import, and ``--help``, ``--dry_run`` and a recipe error answer without them."""
+
+
+def _unexplained_imports_inside_functions() -> list[str]:
+    found = []
+    for folder in PACKAGES:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            lines = path.read_text().splitlines()
+            for function in ast.walk(ast.parse("\n".join(lines), str(path))):
+                if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(function):
+                    if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                        continue
+                    name = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                    said = any("#" in lines[i] for i in range(node.lineno - 2, node.end_lineno) if i >= 0)
+                    if not said and (name or "").split(".")[0] not in DEFERRED:
+                        found.append(f"{path.relative_to(REPO)}:{node.lineno} {lines[node.lineno - 1].strip()}")
+    return sorted(set(found))
+
+
+def test_an_import_inside_a_function_says_why():
+    """#39: imports stand at the top of a module. One inside a function defers a heavy library (:data:`DEFERRED`)
+    or carries a comment, on its line or the line above, that says why (a library only one path needs)."""
+    found = _unexplained_imports_inside_functions()
+    assert found == [], f"{len(found)} imports inside functions with no reason: {found}"
+
+
 def test_the_package_root_holds_at_most_six_modules():
     """#39: the root of ``dna_factory/`` is the package's face and the few modules every wing uses; each other
     concern (configuration, inputs, a run's life, serving, the pipeline) is a wing."""

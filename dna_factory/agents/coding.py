@@ -27,11 +27,11 @@ from typing import Any
 
 from dna_factory.agents.environment import Environment, tool
 from dna_factory.errors import DnaConfigError
+from rewards.sandbox import BOOT_SCRIPT, Limits, boundary_for, run_python_async
 
 
 def _without_sandbox_frames(stderr: str) -> str:
     """A traceback without the frames of the sandbox's own boot script (the model did not write them)."""
-    from rewards.sandbox import BOOT_SCRIPT
 
     kept, skipping = [], False
     for line in stderr.splitlines(keepends=True):
@@ -70,8 +70,6 @@ class CodingEnvironment(Environment):
         max_output_chars: int = 2000,
         isolation: str = "auto",
     ) -> None:
-        from rewards.sandbox import Limits
-
         self.check_options(
             dict(timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, max_output_chars=max_output_chars,
                  isolation=isolation)
@@ -85,7 +83,6 @@ class CodingEnvironment(Environment):
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
-        from rewards.sandbox import Limits
 
         cls._boundary(options.get("isolation", "auto"))
         for key in ("timeout_s", "max_output_chars"):
@@ -99,7 +96,6 @@ class CodingEnvironment(Environment):
     @staticmethod
     def _boundary(isolation: str) -> str:
         """The sandbox isolation for ``environment_options.isolation``, failing closed (``rewards.sandbox.boundary_for``)."""
-        from rewards.sandbox import boundary_for
 
         try:
             return boundary_for(isolation, "the Coding Agent (environment_options.isolation)")
@@ -114,7 +110,6 @@ class CodingEnvironment(Environment):
             code: The complete program. Nothing is kept between calls, so include every definition it uses.
             stdin: Text given to the program on standard input.
         """
-        from rewards.sandbox import run_python_async
 
         result = await run_python_async(
             code, stdin or None, timeout_s=self.timeout_s, limits=self.limits, isolation=self.isolation

@@ -23,6 +23,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from dna_factory.agents.environment import build_environment, check_environment
+from dna_factory.agents.tool_calls import prepare_tokenizer
 from dna_factory.configuration.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
 from dna_factory.inputs.prompts import validate_prompt_settings
@@ -66,7 +68,6 @@ def validate_agent(cfg: ResolvedConfig) -> None:
     Raises:
         DnaConfigError: "what is wrong. what to do."
     """
-    from dna_factory.agents.environment import check_environment
 
     agent = cfg.of(AgentArguments)
     if agent.environment is None:
@@ -107,8 +108,6 @@ def agent_trainer_kwargs(ctx: Any) -> dict[str, Any]:
     Raises:
         DnaConfigError: When the model's chat template cannot carry tool calls.
     """
-    from dna_factory.agents.environment import build_environment
-    from dna_factory.agents.tool_calls import prepare_tokenizer
 
     agent = ctx.config.of(AgentArguments)
     if agent.environment is None:

@@ -23,6 +23,7 @@ from dna_factory.async_grpo.preflight import (
     wait_for_server,
 )
 from dna_factory.async_grpo.rollout_watchdog import WatchdogTimeouts
+from dna_factory.async_grpo.weight_sync import FileWeightTransfer
 from dna_factory.configuration.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError, DnaServiceError
 from dna_factory.grpo.keys import GRPOStageArguments, learning_alarms, validate_rewards
@@ -139,8 +140,6 @@ def build_trainer(ctx: StageContext):
     weight_transfer = None
     if stage_args.weight_sync == "file":
         from transformers import AutoConfig  # deferred with the trainer (heavy)
-
-        from dna_factory.async_grpo.weight_sync import FileWeightTransfer
 
         model_config = AutoConfig.from_pretrained(ctx.model_args.model_name_or_path)
         weight_transfer = FileWeightTransfer(

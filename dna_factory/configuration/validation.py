@@ -6,6 +6,7 @@ wrong. what to do."; stage modules add their own to ``Stage.validators``.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from pathlib import Path
@@ -17,6 +18,7 @@ from dna_factory.inputs.data import SOURCE_LABEL, check_format_columns, looks_lo
 from dna_factory.inputs.data_files import peek_columns
 from dna_factory.inputs.prompts import validate_prompt_settings
 from rewards.options import did_you_mean, nearest, shorten
+from rewards.registry import add_recipe_dir
 
 logger = logging.getLogger(__name__)
 
@@ -191,14 +193,12 @@ def validate_wandb_login(cfg: ResolvedConfig) -> None:
 def validate_distributed_env(cfg: ResolvedConfig) -> None:
     """accelerate configured for DeepSpeed without deepspeed installed fails now, not after the model loaded (a
     missing ``deepspeed:`` file is refused earlier, by :func:`dna_factory.configuration.config.check_deepspeed_file`)."""
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
-        import importlib.util
-
-        if importlib.util.find_spec("deepspeed") is None:
-            raise DnaConfigError(
-                "accelerate is configured for DeepSpeed but deepspeed is not installed. "
-                "pip install -e '.[deepspeed]' or use configs/accelerate/ddp.yaml."
-            )
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    if deepspeed and importlib.util.find_spec("deepspeed") is None:
+        raise DnaConfigError(
+            "accelerate is configured for DeepSpeed but deepspeed is not installed. "
+            "pip install -e '.[deepspeed]' or use configs/accelerate/ddp.yaml."
+        )
 
 
 GPU_INSTALL = "pip install -e '.[gpu]'"
@@ -221,7 +221,6 @@ def gpu_packages_needed(cfg: ResolvedConfig) -> list[tuple[str, str, str]]:
 
 def validate_gpu_packages(cfg: ResolvedConfig) -> None:
     """A recipe whose attention or weight-sync path needs a package that is not installed fails now, by name."""
-    import importlib.util
 
     for package, why, alternative in gpu_packages_needed(cfg):
         if importlib.util.find_spec(package) is None:
@@ -248,8 +247,6 @@ COMMON_VALIDATORS = (
 def run_validators(cfg: ResolvedConfig, stage) -> None:
     """Run the common validators, the dataset check for the stage's format and the stage's own."""
     if cfg.recipe_path:  # reward_funcs may name a module beside the recipe (my_rewards:brevity)
-        from rewards.registry import add_recipe_dir
-
         add_recipe_dir(Path(cfg.recipe_path).parent)
     for check in COMMON_VALIDATORS:
         check(cfg)

@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from dna_factory.errors import DnaConfigError
@@ -229,7 +230,6 @@ def skip_unused_imports(tasks: Sequence[EvalTask]) -> None:
     and ``inspect_evals`` does whenever a task comes from its registry. Both switches are Inspect
     internals (not TRL's), pinned by a test that runs an eval (tests/test_checkpoint_eval.py).
     """
-    from importlib.metadata import entry_points
 
     from inspect_ai._util import entrypoints
     from inspect_ai.model import _assistant_internal

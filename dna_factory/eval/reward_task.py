@@ -27,6 +27,8 @@ from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessag
 from inspect_ai.scorer import Metric, SampleScore, Score, Target, metric, scorer
 from inspect_ai.solver import TaskState, generate
 
+from rewards.registry import resolve_reward
+
 CHAT_MESSAGES = {"system": ChatMessageSystem, "user": ChatMessageUser, "assistant": ChatMessageAssistant}
 
 
@@ -86,7 +88,6 @@ async def score_completion(
 @scorer(metrics=[reward(), abstained()])
 def reward_scorer(spec: str | dict[str, Any]):
     """Score an answer with the reward a recipe entry ``spec`` builds (``{factory: code_execution}``, ...)."""
-    from rewards.registry import resolve_reward
 
     reward_func, _ = resolve_reward(spec)
 

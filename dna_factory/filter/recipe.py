@@ -10,10 +10,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dna_factory.configuration.config import resolve
+from dna_factory.configuration.config_types import describe_keys
+from dna_factory.configuration.validation import mixture_columns
 from dna_factory.errors import DnaConfigError
-from dna_factory.inputs.prompts import PromptArguments
+from dna_factory.filter.learnability import CLASSES
+from dna_factory.inputs.data import looks_local, parse_specs
+from dna_factory.inputs.prompts import PromptArguments, PromptRule, local_chat_template, resolve_prompt_format
 from dna_factory.inputs.row_lengths import PromptLengthArguments
 from rewards.options import did_you_mean
+from rewards.registry import check_reward_columns, resolve_rewards
 
 BACKENDS = ("server", "vllm", "hf")
 
@@ -111,10 +117,6 @@ def validate(cfg: FilterTasksConfig) -> tuple[list, list, list]:
     Raises:
         DnaConfigError: "what is wrong. what to do." for the first problem found.
     """
-    from dna_factory.configuration.validation import mixture_columns
-    from dna_factory.filter.learnability import CLASSES
-    from dna_factory.inputs.data import looks_local, parse_specs
-    from rewards.registry import check_reward_columns, resolve_rewards
 
     specs = parse_specs(cfg.datasets)
     if not cfg.reward_funcs:
@@ -172,7 +174,6 @@ def validate(cfg: FilterTasksConfig) -> tuple[list, list, list]:
 
 def load_config(argv: list[str]):
     """Layer the dataclass defaults < ``--config`` recipe < ``--key value`` flags; returns (resolved, cfg)."""
-    from dna_factory.configuration.config import resolve
 
     resolved = resolve("filter_tasks", "FilterTasks", [FilterTasksConfig], argv)
     if resolved.recipe_path is None:
@@ -198,7 +199,6 @@ def prompt_rule_of(cfg: FilterTasksConfig, load_tokenizer: bool = False):
     A local model folder's chat template is read from its files; a hub id's tokenizer is loaded when
     ``load_tokenizer`` (the run; the dry run assumes chat). A server is asked for chat.
     """
-    from dna_factory.inputs.prompts import PromptRule, local_chat_template, resolve_prompt_format
 
     if cfg.prompt_format not in ("auto", "chat", "text"):
         _fail(f"prompt_format is {cfg.prompt_format!r}. Use auto, chat or text.")
@@ -227,7 +227,6 @@ def _print_help() -> None:
         "--preview [N]  print N prompts per dataset label as the model will see them, then exit (default 2)\n"
         "--debug        print the traceback above an error: line"
     )
-    from dna_factory.configuration.config_types import describe_keys
 
     print()
     print(describe_keys([FilterTasksConfig]))

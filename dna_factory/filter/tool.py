@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dna_factory.errors import DnaConfigError
+from dna_factory.filter.learnability import CLASSES, ScoreLog, classify, combine, fingerprint, prompt_key
 from dna_factory.filter.recipe import (
     OUTPUT_FILES,
     SERVED_NAME,
@@ -29,10 +30,14 @@ from dna_factory.filter.recipe import (
     settings_of,
     validate,
 )
-from dna_factory.inputs.preview import split_preview_flag
+from dna_factory.inputs.data import load_mixture
+from dna_factory.inputs.preview import RULE, first_rows_per_label, generation_prompt_ids, split_preview_flag
 from dna_factory.inputs.row_lengths import RowCheck, stage_limit
 from dna_factory.run.cli import command_line, setup_logging
+from dna_factory.run.run_files import write_atomic
+from dna_factory.serving.vllm_server import VLLMServer, VLLMServerError
 from rewards.options import shorten
+from rewards.registry import reward_name
 
 # Heavy imports (datasets, torch, trl, aiohttp) happen inside the functions that need them, so
 # --help and recipe errors answer in a fraction of a second.
@@ -63,8 +68,6 @@ async def score(
     """
     from trl.trainer.utils import is_async_callable
 
-    from rewards.registry import reward_name
-
     k = len(rollouts.completions)
     columns = {key: [value] * k for key, value in row.items() if key not in ("prompt", "completion")}
     per_func, names = [], []
@@ -91,8 +94,6 @@ async def score(
 async def _score_all(cfg, dataset, todo, funcs, weights, log, backend) -> _Metrics:
     """Generate and score every row of ``todo`` through ``backend``, appending each to ``log``."""
     from tqdm.auto import tqdm
-
-    from dna_factory.filter.learnability import classify, combine
 
     metrics = _Metrics()
     queue: asyncio.Queue = asyncio.Queue()
@@ -137,7 +138,11 @@ async def _score_all(cfg, dataset, todo, funcs, weights, log, backend) -> _Metri
 
 
 def _backend(cfg: FilterTasksConfig, base_url: str | None, model: str | None):
-    from dna_factory.filter.rollouts import LocalRollouts, SamplingParams, ServerRollouts
+    from dna_factory.filter.rollouts import (  # aiohttp: not for --help
+        LocalRollouts,
+        SamplingParams,
+        ServerRollouts,
+    )
 
     sampling = SamplingParams(
         n=cfg.num_generations,
@@ -159,10 +164,6 @@ def run(cfg: FilterTasksConfig) -> dict[str, Any]:
     Returns:
         The report (also written to ``output_dir/report.json``).
     """
-    from dna_factory.filter.learnability import CLASSES, ScoreLog, fingerprint, prompt_key
-    from dna_factory.run.run_files import write_atomic
-    from dna_factory.serving.vllm_server import VLLMServer
-    from rewards.registry import reward_name
 
     specs, funcs, weights = validate(cfg)
     out = Path(cfg.output_dir)
@@ -235,7 +236,6 @@ def run(cfg: FilterTasksConfig) -> dict[str, Any]:
 def load_prompts(cfg: FilterTasksConfig, specs) -> tuple[Any, Any]:
     """``(dataset, source)``: the mixture as generation sees it (templates, chat, system turn) and as the datasets
     hold it, both without the prompts over the length limit (:func:`measured`)."""
-    from dna_factory.inputs.data import load_mixture
 
     # Prompts with no text are found before templates render, so both loads drop the same rows and stay aligned.
     empty = RowCheck(None, drop=cfg.drop_overlong_prompts)
@@ -286,7 +286,6 @@ def preview_prompts(cfg: FilterTasksConfig, specs, n: int, out=None) -> int:
     """``--preview [N]``: the first N prompts per dataset label as the model will see them (after the templates,
     the chat turn and the length check), with the columns the rewards receive; nothing is generated.
     Returns the number of prompts shown."""
-    from dna_factory.inputs.preview import RULE, first_rows_per_label, generation_prompt_ids
 
     out = out or sys.stdout
     dataset, _ = load_prompts(cfg, specs)
@@ -322,7 +321,6 @@ def main(argv: list[str] | None = None) -> int:
     """The CLI: 0 when done, 2 for a recipe error, 1 when generation fails (a rerun resumes); the boundary is
     every entry's (:func:`dna_factory.run.cli.command_line`: ``--debug``, error lines, exit statuses)."""
     from dna_factory.filter.rollouts import RolloutError  # aiohttp: not for --help and recipe errors
-    from dna_factory.serving.vllm_server import VLLMServerError
 
     argv = sys.argv[1:] if argv is None else argv
     if "--help" in argv or "-h" in argv:

@@ -12,10 +12,13 @@ and logged again).
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 from transformers import TrainerCallback
+
+from dna_factory.run.run_files import read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +50,6 @@ class CompletionsLog(TrainerCallback):
         """On a resume, drop what was logged after the checkpoint: those steps are trained (and logged) again."""
         if not state.is_world_process_zero or not (self.out / FILE_NAME).is_file():
             return
-        import json
-
-        from dna_factory.run.run_files import read_jsonl
 
         kept = [row for row in read_jsonl(self.out / FILE_NAME) if row.get("step", 0) <= state.global_step]
         (self.out / FILE_NAME).write_text(

@@ -7,7 +7,12 @@ folders; a malformed JSONL line is named by file and line. Hub datasets are unkn
 
 from __future__ import annotations
 
+import bz2
+import csv
+import gzip
+import io
 import json
+import lzma
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,9 +83,6 @@ def data_suffix(path: Path) -> str:
 
 def _open_binary(path: Path):
     """The file's bytes, decompressed when its last suffix is a compression (.gz, .bz2, .xz)."""
-    import bz2
-    import gzip
-    import lzma
 
     opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(path.suffix, open)
     return opener(path, "rb")
@@ -185,9 +187,6 @@ def _peek_top_columns(spec: DatasetSpec) -> set[str] | None:
                 return set(data[0]) if data else set()
             return None
         if suffix == ".csv":
-            import csv
-            import io
-
             with _open_binary(p) as fh:
                 return set(next(csv.reader(io.TextIOWrapper(fh, encoding="utf-8", newline="")), []))
     except DnaConfigError:
@@ -218,9 +217,6 @@ def peek_rows(spec: DatasetSpec, n: int = 5) -> list[dict] | None:
                 data = json.load(fh)
             return data[:n] if isinstance(data, list) else None
         if suffix == ".csv" and p.is_file():
-            import csv
-            import io
-
             with _open_binary(p) as fh:
                 reader = csv.DictReader(io.TextIOWrapper(fh, encoding="utf-8", newline=""))
                 return [row for _, row in zip(range(n), reader, strict=False)]

@@ -23,7 +23,10 @@ from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any, TextIO
 
+from dna_factory.agents.config import agent_trainer_kwargs
+from dna_factory.configuration.config import RunArguments
 from dna_factory.errors import DnaConfigError
+from dna_factory.stages.base import StageContext
 from rewards.options import shorten
 
 MASK_OPEN, MASK_CLOSE = "⟦", "⟧"
@@ -198,10 +201,6 @@ def _agent_tools(stage: Any, cfg: Any, tokenizer: Any, dataset: Any) -> list | N
     if not cfg.get("environment"):
         return None
     from trl import ModelConfig
-
-    from dna_factory.agents.config import agent_trainer_kwargs
-    from dna_factory.configuration.config import RunArguments
-    from dna_factory.stages.base import StageContext
 
     ctx = StageContext(
         config=cfg,

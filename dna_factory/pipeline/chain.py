@@ -46,6 +46,8 @@ from collections.abc import Set
 from pathlib import Path
 
 from dna_factory.errors import CONFIG_ERRORS, DnaConfigError
+from dna_factory.inputs.loading import load_data
+from dna_factory.inputs.preview import preview
 from dna_factory.pipeline.eval_server import (
     check_eval_server_model,
     check_eval_server_spec,
@@ -64,6 +66,7 @@ from dna_factory.pipeline.recipe import (
     set_keys,
     stage_argv,
 )
+from dna_factory.pipeline.report import print_table, write_report
 from dna_factory.pipeline.state import (
     dependencies,
     done_record,
@@ -73,9 +76,11 @@ from dna_factory.pipeline.state import (
     start_over,
     state_of,
 )
+from dna_factory.rehearsal import claim_output_dir
 from dna_factory.run.cli import command_line, setup_logging
 from dna_factory.run.launch import through_launch
 from dna_factory.run.run_files import write_atomic
+from dna_factory.run.runner import prepare
 from rewards.options import did_you_mean
 
 logger = logging.getLogger(__name__)
@@ -92,7 +97,6 @@ def rehearse(
     length applies); one in ``user_keys`` (``--set max_steps=N``) is the user's and is kept. With ``fresh`` (no ``--from_stage``/``--only_stage``) an earlier rehearsal of this pipeline is
     removed first, so every stage runs again; a folder holding a real pipeline is refused.
     """
-    from dna_factory.rehearsal import claim_output_dir
 
     for stage in pipeline.stages:
         stage.launcher = []
@@ -113,7 +117,6 @@ def rehearse(
 
 def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
     """Dry-run every selected stage's config in this process; raise on the first error, naming the stage."""
-    from dna_factory.run.runner import prepare
 
     rows = []
     # Later stages' models do not exist yet: each stage is validated against the model its chain starts from.
@@ -170,8 +173,6 @@ def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:
 
 def preview_stages(rows: list[dict], n: int) -> None:
     """``--preview N`` per stage: each stage's first rows as its trainer will tokenize them (no model loads)."""
-    from dna_factory.inputs.loading import load_data
-    from dna_factory.inputs.preview import preview
 
     for r in rows:
         entry_stage, cfg = r["prepared"]
@@ -284,7 +285,6 @@ def run(
     ``shared_eval`` names the stages that evaluate on the recipe's ``eval_server``: it is started before the first
     of them that runs, handed to each as ``eval_server_url``, and stopped when the pipeline ends.
     """
-    from dna_factory.pipeline.report import write_report
 
     root = pipeline.output_dir
     root.mkdir(parents=True, exist_ok=True)
@@ -418,7 +418,6 @@ def main(argv: list[str] | None = None) -> int:
             print("\n# dry run: every stage's config is valid.")
             return 0
         run(pipeline, selected, cfgs, {r["name"] for r in rows if r["eval_server"]})
-        from dna_factory.pipeline.report import print_table
 
         print_table(pipeline)
         return 0

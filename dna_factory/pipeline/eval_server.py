@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 from dna_factory.errors import DnaConfigError
+from dna_factory.eval.keys import OWN_SERVER_FLAGS
 from dna_factory.pipeline.recipe import Pipeline, PipelineStage
+from dna_factory.serving.vllm_server import VLLMServer, cuda_available
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +65,6 @@ def check_eval_server_model(pipeline: Pipeline, stage: PipelineStage, cfg, start
 
 def check_eval_server_spec(pipeline: Pipeline, rows: list[dict]) -> None:
     """The recipe's ``eval_server``: no flag the pipeline sets itself; on GPUs, devices of its own, apart from training."""
-    from dna_factory.eval.keys import OWN_SERVER_FLAGS
-    from dna_factory.serving.vllm_server import cuda_available
 
     args = shlex.split(pipeline.eval_server.get("args", ""))
     own = [f for f in OWN_SERVER_FLAGS if any(a == f or a.startswith(f + "=") for a in args)]
@@ -95,7 +95,6 @@ def check_eval_server_spec(pipeline: Pipeline, rows: list[dict]) -> None:
 
 def start_eval_server(pipeline: Pipeline, stages: list[str]):
     """Start the recipe's ``eval_server`` (dev mode: evals load each checkpoint into it) and wait until it serves."""
-    from dna_factory.serving.vllm_server import VLLMServer
 
     spec = pipeline.eval_server
     log = pipeline.output_dir / "eval_server.log"

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dna_factory.configuration.config_types import dataclass_defaults
 from dna_factory.inputs.input_fingerprint import file_differences, model_records
 from dna_factory.pipeline.recipe import DONE, REFERENCE, Pipeline, PipelineStage, model_reference
 from dna_factory.run.resume import PATH_KEYS, differences, fingerprint
@@ -59,7 +60,6 @@ def dependencies(pipeline: Pipeline, stage: PipelineStage) -> list[PipelineStage
 
 
 def _config_fingerprint(stage: PipelineStage, cfg: Any) -> dict[str, Any]:
-    from dna_factory.configuration.config_types import dataclass_defaults
 
     chained = {
         key for key, value in stage.overrides.items() if isinstance(value, str) and REFERENCE.search(value)

@@ -49,8 +49,11 @@ from __future__ import annotations
 
 import ast
 import gzip
+import hashlib
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from rewards.verifiable import extract_boxed
@@ -191,7 +194,6 @@ def ultrafeedback_trl(n: int) -> tuple[list[dict], list[None]]:
 
 
 def ultrafeedback_h4(n: int) -> tuple[list[dict], list[None]]:
-    import hashlib
 
     rows = [
         {
@@ -325,8 +327,6 @@ def _reproduces(rows: list[dict], programs: list[str]) -> list[bool]:
     """Per row, whether MBPP's reference program prints exactly the stated outputs (every case) (MBPP's asserts accept
     ``16.0 == 16`` and ``0 == False``; a stdout comparison does not). Runs MBPP's own reference code, in one
     child interpreter."""
-    import subprocess
-    import sys
 
     kinds = ("public_tests", "private_tests", "generated_tests")
     payload = [

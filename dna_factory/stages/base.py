@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dna_factory.configuration.config import ResolvedConfig
+from dna_factory.configuration.config import ResolvedConfig, RunArguments
+from dna_factory.eval.keys import CheckpointEvalArguments
+from dna_factory.inputs.prompts import PromptArguments
 
 
 @dataclass
@@ -75,10 +78,6 @@ def dataclass_types(stage: Stage) -> list[type]:
     """The dataclasses whose fields are the stage's keys: its TRL config, TRL's ModelConfig and ours."""
     from trl import ModelConfig
 
-    from dna_factory.configuration.config import RunArguments
-    from dna_factory.eval.keys import CheckpointEvalArguments
-    from dna_factory.inputs.prompts import PromptArguments
-
     return [
         stage.config_class,
         ModelConfig,
@@ -91,6 +90,5 @@ def dataclass_types(stage: Stage) -> list[type]:
 
 def stage_keys(stage: Stage) -> set[str]:
     """Every key the stage accepts: the init fields of :func:`dataclass_types`."""
-    import dataclasses
 
     return {f.name for cls in dataclass_types(stage) for f in dataclasses.fields(cls) if f.init}

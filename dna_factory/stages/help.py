@@ -11,11 +11,16 @@ files equal to the built ones).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from importlib import metadata
 from pathlib import Path
 
 from dna_factory.configuration.config import CONFIGS_DIR, load_yaml, peek_value
+from dna_factory.configuration.config_types import describe_keys
+from dna_factory.errors import CONFIG_ERRORS, DnaConfigError
+from dna_factory.stages.base import dataclass_types
+from dna_factory.stages.registry import get_stage, select_stage
 
 HELP_DIR = Path(__file__).with_name("help")
 PACKAGES = ("trl", "transformers")
@@ -24,7 +29,6 @@ PACKAGES = ("trl", "transformers")
 
 def help_name(stage_name: str, argv: list[str]) -> str:
     """The shipped file's name for this command line: ``grpo-async`` when it selects async GRPO."""
-    from dna_factory.errors import DnaConfigError
 
     try:
         if stage_name == "grpo" and peek_value(argv, "grpo_execution") == "async":
@@ -51,8 +55,6 @@ def _version(name: str) -> str:
 
 def build_help(stage) -> str:
     """The text, from the stage's dataclasses and its defaults file (imports TRL)."""
-    from dna_factory.configuration.config_types import describe_keys
-    from dna_factory.stages.base import dataclass_types
 
     name = f"_defaults-{stage.defaults}.yaml"
     path = CONFIGS_DIR / name
@@ -94,10 +96,6 @@ def write_shipped(name: str, stage) -> Path:
 
 def live_stage(stage_name: str, argv: list[str]):
     """The Stage the command line selects (importing it imports TRL)."""
-    import contextlib
-
-    from dna_factory.errors import CONFIG_ERRORS
-    from dna_factory.stages.registry import get_stage, select_stage
 
     with contextlib.suppress(*CONFIG_ERRORS):  # grpo_execution: async has its own keys and defaults file
         return select_stage(stage_name, argv)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import importlib
 
-from dna_factory.stages.base import Stage
+from dna_factory.configuration.config import peek_value
+from dna_factory.stages.base import Stage, stage_keys
 
 STAGE_MODULES = {
     "sft": "dna_factory.stages.sft",
@@ -39,7 +40,6 @@ def _variant_modules(name: str) -> dict[str, str]:
 def select_stage(name: str, argv: list[str]) -> Stage:
     """The Stage ``argv`` picks for entry ``name``: a variant of :data:`VARIANTS` when its key (recipe or CLI; the
     CLI wins) names one, else the registered stage."""
-    from dna_factory.configuration.config import peek_value
 
     modules = _variant_modules(name)
     value = peek_value(argv, VARIANTS[name][0]) if modules else None
@@ -54,7 +54,6 @@ def select_stage(name: str, argv: list[str]) -> Stage:
 
 def variant_foreign_keys(name: str, stage: Stage) -> dict[str, str]:
     """Keys that only a sibling variant of ``stage`` accepts, each mapped to the reason the user sees."""
-    from dna_factory.stages.base import stage_keys
 
     modules = _variant_modules(name)
     if not modules:
