@@ -1,8 +1,8 @@
 """Benchmark: informative rows per optimizer step and time per informative row, off vs mask vs resample.
 
-Run from the repository root (CPU, tiny model; about half a minute)::
+Run from the repository root (CPU, tiny model; about a minute per run, 10 runs by default)::
 
-    python bench/dynamic_sampling.py [--steps 10]
+    python bench/dynamic_sampling.py [--steps 10] [--repeats 3]
 
 The task is built so that about half the groups are dead: the bundled arithmetic prompts are
 split into a ``live`` and a ``dead`` dataset, and ``tests.reward_fixtures:group_parity_reward``
@@ -14,7 +14,9 @@ optimizer steps (per_device_train_batch_size 4, gradient_accumulation_steps 2, s
 groups of 4 per step). Informative rows per step come from the trainer's own metrics:
 ``(1 - frac_reward_zero_std) × rows`` for off/mask (measured before any filtering) and
 ``(1 - dyn/dead_frac) × rows`` for resample (after the refill). Time per informative row is the
-training wall time divided by all informative rows trained. Results go to
+training wall time divided by all informative rows trained. Each mode runs ``--repeats`` times, the runs
+interleaved and rotated (:func:`schedule`); the table gives medians, the min-max of the time per informative
+row and the median of the per-round speed ratios to ``off``. Results (and every run) go to
 ``bench/results/dynamic_sampling.json``.
 """
 
@@ -24,6 +26,7 @@ import argparse
 import json
 import logging
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -85,34 +88,89 @@ def run_mode(mode: str, steps: int, root: Path) -> dict:
     }
 
 
+MODES = ("off", "mask", "resample")
+
+
+def schedule(repeats: int) -> list[str]:
+    """The modes' runs, interleaved and rotated so each mode runs at each place of a round: a noisy machine's slow
+    minute falls on every mode alike.
+
+    Example:
+        >>> schedule(2)
+        ['off', 'mask', 'resample', 'mask', 'resample', 'off']
+    """
+    return [MODES[(i + r) % len(MODES)] for r in range(repeats) for i in range(len(MODES))]
+
+
+def summarise(runs: list[dict]) -> list[dict]:
+    """Per mode: the median of each measure over its repeated runs, with the min and max of the time per
+    informative row, and its ratio to ``off`` (the median of per-round ratios)."""
+    by_mode = {mode: [r for r in runs if r["mode"] == mode] for mode in MODES}
+    off = [r["seconds_per_informative_row"] for r in by_mode["off"]]
+    rows = []
+    for mode, done in by_mode.items():
+        times = [r["seconds_per_informative_row"] for r in done]
+        rows.append(
+            {
+                "mode": mode,
+                "runs": len(done),
+                **{
+                    key: statistics.median(r[key] for r in done)
+                    for key in (
+                        "informative_rows_per_step",
+                        "informative_share",
+                        "train_seconds",
+                        "seconds_per_informative_row",
+                        "extra_generation_rounds_per_step",
+                    )
+                },  # fmt: skip
+                "seconds_per_informative_row_range": [min(times), max(times)],
+                "speed_vs_off": statistics.median(o / t for o, t in zip(off, times, strict=True)),
+            }
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs of each mode, interleaved (medians reported)"
+    )
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "dynamic_sampling.json"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if not (REPO / "artifacts" / "tiny" / "student" / "config.json").is_file():
         print("Build the tiny model first: make tiny-models", file=sys.stderr)
         return 2
-    results = []
+    runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        run_mode("off", 3, Path(tmp) / "warmup")  # first-run costs (imports, allocator) would bias "off"
-        for mode in ("off", "mask", "resample"):
-            results.append(run_mode(mode, args.steps, Path(tmp)))
-    off = results[0]
+        run_mode(
+            "off", 3, Path(tmp) / "warmup"
+        )  # first-run costs (imports, allocator) would bias the first run
+        order = schedule(args.repeats)
+        for i, mode in enumerate(order):
+            print(f"run {i + 1}/{len(order)}: {mode}", file=sys.stderr, flush=True)
+            runs.append(run_mode(mode, args.steps, Path(tmp) / f"run-{i}"))
+    results = summarise(runs)
     print(
-        f"\nDynamic sampling, {args.steps} steps × {ROWS_PER_STEP} rows, ~half the groups dead (tiny Qwen3, CPU)\n"
+        f"\nDynamic sampling, {args.steps} steps x {ROWS_PER_STEP} rows, ~half the groups dead (tiny Qwen3, CPU); "
+        f"medians of {args.repeats} interleaved runs per mode\n"
     )
-    header = f"{'mode':<9}{'informative rows/step':>23}{'share':>8}{'s/informative row':>19}{'vs off':>8}{'extra rounds/step':>19}"
+    header = (
+        f"{'mode':<9}{'informative rows/step':>23}{'share':>8}{'s/informative row':>19}{'(min-max)':>18}"
+        f"{'vs off':>8}{'extra rounds/step':>19}"
+    )
     print(header)
     print("-" * len(header))
     for r in results:
-        speed = off["seconds_per_informative_row"] / r["seconds_per_informative_row"]
+        low, high = r["seconds_per_informative_row_range"]
         print(
             f"{r['mode']:<9}{r['informative_rows_per_step']:>23.2f}{r['informative_share']:>8.0%}"
-            f"{r['seconds_per_informative_row']:>19.4f}{speed:>7.2f}x{r['extra_generation_rounds_per_step']:>19.2f}"
+            f"{r['seconds_per_informative_row']:>19.4f}{f'({low:.4f}-{high:.4f})':>18}{r['speed_vs_off']:>7.2f}x"
+            f"{r['extra_generation_rounds_per_step']:>19.2f}"
         )
-    resample = results[2]
+    off, resample = results[0], results[2]
     targets = {
         "resample_informative_share_>=_0.95": resample["informative_share"] >= 0.95,
         "resample_time_per_informative_row_<_off": resample["seconds_per_informative_row"]
@@ -121,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\nTargets: " + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in targets.items()))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"steps": args.steps, "rows_per_step": ROWS_PER_STEP, "results": results, "targets": targets}
+    payload = {"steps": args.steps, "rows_per_step": ROWS_PER_STEP, "repeats": args.repeats, "order": order}
+    payload.update({"results": results, "runs": runs, "targets": targets})
     payload["machine"] = {"python": platform.python_version(), "platform": platform.platform()}
     out.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"Wrote {out}")

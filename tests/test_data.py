@@ -171,3 +171,23 @@ def test_a_malformed_jsonl_line_is_named_by_file_and_line_at_dry_run_and_at_load
         peek_columns(spec)
     with pytest.raises(DnaConfigError, match=expected):
         load_mixture([spec], "prompt", seed=0)
+
+
+def test_a_stage_parses_its_dataset_specs_once(monkeypatch):
+    """#39: validation parsed a stage's dataset list once per validator (the datasets check, the label check, the
+    reward-column check, the reward probe, the answer-format and shown-tests checks); now each reads the specs
+    parsed once for the config (``dna_factory.inputs.data.config_specs``). A spy counts the parses of a GRPO
+    recipe's --dry_run preparation."""
+    from dna_factory.inputs import data
+    from dna_factory.run.runner import prepare
+
+    parsed = []
+    real = data.parse_specs
+
+    def counting(raw, key="datasets"):
+        parsed.append(key)
+        return real(raw, key)
+
+    monkeypatch.setattr(data, "parse_specs", counting)
+    prepare("grpo", ["--config", "configs/grpo/tiny-cpu.yaml", "--dry_run"])
+    assert parsed.count("datasets") == 1, parsed

@@ -14,7 +14,7 @@ from pathlib import Path
 from dna_factory.configuration.config import ResolvedConfig
 from dna_factory.errors import DnaConfigError
 from dna_factory.eval.keys import validate_checkpoint_eval
-from dna_factory.inputs.data import SOURCE_LABEL, check_format_columns, looks_local, parse_specs
+from dna_factory.inputs.data import SOURCE_LABEL, check_format_columns, config_specs, looks_local
 from dna_factory.inputs.data_files import peek_columns
 from dna_factory.inputs.prompts import validate_prompt_settings
 from rewards.options import did_you_mean, nearest, shorten
@@ -59,7 +59,7 @@ def validate_datasets(cfg: ResolvedConfig, data_format: str) -> None:
         raw = cfg.get(key)
         if raw is None and key == "eval_datasets":
             continue
-        for spec in parse_specs(raw, key):
+        for spec in config_specs(cfg, key):
             columns = peek_columns(spec) if spec.is_local else None
             if columns is not None:
                 check_format_columns(spec, columns, data_format)
@@ -68,7 +68,7 @@ def validate_datasets(cfg: ResolvedConfig, data_format: str) -> None:
 
 def validate_only_labels(cfg: ResolvedConfig) -> None:
     """A reward's ``only_label`` names the ``label`` of a dataset in the mixture (else it scores no row)."""
-    labels = sorted({spec.label for spec in parse_specs(cfg.get("datasets")) if spec.weight > 0})
+    labels = sorted({spec.label for spec in config_specs(cfg) if spec.weight > 0})
     for entry in cfg.get("reward_funcs") or []:
         wanted = entry.get("only_label") if isinstance(entry, dict) else None
         if wanted is not None and str(wanted) not in labels:
@@ -82,7 +82,7 @@ def validate_only_labels(cfg: ResolvedConfig) -> None:
 
 def dataset_columns(cfg: ResolvedConfig) -> set[str] | None:
     """Union of the training mixture's columns (plus ``label``), or None if a dataset's schema is unknown."""
-    return mixture_columns(parse_specs(cfg.get("datasets")))
+    return mixture_columns(config_specs(cfg))
 
 
 def mixture_columns(specs) -> set[str] | None:

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from dna_factory.errors import DnaConfigError
-from dna_factory.inputs.data import parse_specs
+from dna_factory.inputs.data import config_specs
 from dna_factory.inputs.data_files import peek_columns, peek_rows
 from rewards.verifiable import ANSWER_MARKERS, EXTRACTORS
 
@@ -77,7 +77,7 @@ def unasked_answer_formats(cfg: Any) -> list[str]:
     column) are not counted. Cheap: reads at most a few rows per local JSON/JSONL/Parquet file.
     """
     try:
-        specs = parse_specs(cfg.get("datasets"))
+        specs = config_specs(cfg)
     except DnaConfigError:
         return []  # the dataset validator reports it
     system = " ".join(str(cfg.get(k) or "") for k in ("system_prompt", "agent_system_prompt"))
@@ -160,7 +160,7 @@ def check_gold_cells(cfg: Any) -> None:
         DnaConfigError: One line, for the first such reward and dataset.
     """
     try:
-        specs = parse_specs(cfg.get("datasets"))
+        specs = config_specs(cfg)
     except DnaConfigError:
         return  # the dataset validator reports it
     for extractor, label, answer_column, gold_extractor in _string_match_entries(cfg.get("reward_funcs")):

@@ -24,7 +24,7 @@ import traceback
 from typing import Any
 
 from dna_factory.errors import DnaConfigError
-from dna_factory.inputs.data import SOURCE_LABEL, parse_specs
+from dna_factory.inputs.data import SOURCE_LABEL, config_specs
 from dna_factory.inputs.data_files import peek_rows
 from dna_factory.inputs.prompts import PromptRule, render_prompt_template, resolve_prompt_format
 from rewards.options import shorten
@@ -49,7 +49,7 @@ def _probe_rows(cfg: Any) -> list[tuple[str, int, dict]]:
     ``columns:`` a dataset keeps, renamed; its own ``label`` as ``source_label``; the prompt in the run's format
     (a string prompt becomes a user turn under ``prompt_format: auto`` with a chat model) and template."""
     try:
-        specs = parse_specs(cfg.get("datasets"))
+        specs = config_specs(cfg)
     except DnaConfigError:
         return []  # the dataset validator reports it
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 from dna_factory.errors import DnaConfigError
 from dna_factory.grpo.answer_formats import _asked_text, _prompt_source, _source_column
-from dna_factory.inputs.data import parse_specs
+from dna_factory.inputs.data import config_specs
 from dna_factory.inputs.data_files import peek_rows
 from rewards.code_tests import merge_suites
 
@@ -53,7 +53,7 @@ def _code_entries(entries: Any) -> list[tuple[list[str], str | None]]:
 def shown_tests(cfg: Any) -> list[str]:
     """Warnings for code rewards whose tests the prompts show, verbatim, in most of a dataset's first rows."""
     try:
-        specs = parse_specs(cfg.get("datasets"))
+        specs = config_specs(cfg)
     except DnaConfigError:
         return []  # the dataset validator reports it
     warnings = []

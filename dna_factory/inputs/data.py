@@ -20,6 +20,7 @@ reported with its dataset, row index and problem. Loading uses 🤗 ``datasets``
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from pathlib import Path
@@ -64,6 +65,17 @@ REQUIRED_COLUMNS = {
     "prompt": [{"prompt"}, {"messages"}],
     "grpo": [{"prompt"}, {"messages"}],
 }
+
+
+def config_specs(cfg: Any, key: str = "datasets") -> list[DatasetSpec]:
+    """The dataset specs of a resolved config's ``key`` (``datasets`` or ``eval_datasets``), parsed once per config
+    and value: every validator and probe of a stage reads them from here, not from a parse of its own."""
+    raw = cfg.get(key)
+    cache = cfg.__dict__.setdefault("_parsed_specs", {})
+    marker = (key, json.dumps(raw, sort_keys=True, default=str))
+    if marker not in cache:
+        cache[marker] = parse_specs(raw, key)
+    return cache[marker]
 
 
 def parse_specs(raw: Any, key: str = "datasets") -> list[DatasetSpec]:
