@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +27,10 @@ whichever is larger; over three seeds the rises were +0.70 to +0.84 and the spre
 so 0.3 leaves room for a noisy machine and still fails a family that learns little."""
 
 
-def start_judge() -> tuple[subprocess.Popen, str]:
-    """scripts/tiny_judge.py on a free port; returns the process and its JUDGE_BASE_URL."""
+def start_judge(*flags: str) -> tuple[subprocess.Popen, str]:
+    """scripts/tiny_judge.py on a free port (with ``flags``); returns the process and its JUDGE_BASE_URL."""
     proc = subprocess.Popen(
-        [sys.executable, "scripts/tiny_judge.py", "--port", "0"],
+        [sys.executable, "scripts/tiny_judge.py", "--port", "0", *flags],
         cwd=REPO,
         env=cli_env(),
         stdout=subprocess.PIPE,
@@ -168,6 +169,51 @@ def test_every_family_raises_its_own_held_out_metric(families_run, stage):
     assert row["eval_after"] - row["eval_before"] >= MARGIN, (row["eval_before"], row["eval_after"])
     metric = FAMILIES[stage].removeprefix("eval/")
     assert f"{metric} {row['eval_before']:.4g} → {row['eval_after']:.4g}" in proc.stdout
+
+
+@pytest.mark.timeout(1800)  # after the families run (module fixture): about 1 min more
+@pytest.mark.slow
+def test_a_judge_that_abstains_gives_none_never_zero_in_the_rlhf_stage(families_run, tmp_path):
+    """#34 item 4, on the families recipe's real RLHF stage: its config, its SFT start, the judge over HTTP. A judge
+    that cannot decide (every third reply has no score) makes the reward None, never 0: the completion's reward is
+    logged as null, its advantage is exactly 0, and its group's baseline is the mean and spread of the scored
+    completions only (a None counted as 0 would pull every scored completion's advantage up)."""
+    _, out, _ = families_run
+    judge_proc, url = start_judge("--abstain-every", "3")
+    run = tmp_path / "rlhf"
+    try:
+        proc = run_cli(
+            "grpo.py", "--config", "configs/grpo/tiny-cpu-rlhf.yaml", "--model_name_or_path", str(out / "1-sft"),
+            "--datasets", "[{path: data/families/rlhf_prompts.jsonl, label: rlhf}]", "--num_generations", "8",
+            "--per_device_train_batch_size", "32", "--max_completion_length", "48", "--max_steps", "2",
+            "--save_steps", "2", "--log_completions", "true", "--output_dir", str(run),
+            timeout=900, JUDGE_BASE_URL=url,
+        )  # fmt: skip
+    finally:
+        judge_proc.terminate()
+        judge_proc.wait(timeout=10)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
+    (column,) = [key for key in rows[0] if key not in ("step", "prompt", "completion", "advantage")]
+    abstained = [row for row in rows if row[column] is None]
+    assert len(rows) == 64 and 0 < len(abstained) < len(rows), (len(rows), len(abstained))
+    assert all(row["advantage"] == 0 for row in abstained)
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["step"], json.dumps(row["prompt"])), []).append(row)
+    mixed = 0
+    for group in groups.values():
+        scored = [row[column] for row in group if row[column] is not None]
+        if len(scored) < 2 or len(set(scored)) < 2:
+            continue
+        mixed += len(scored) < len(group)
+        mean, spread = statistics.mean(scored), statistics.stdev(scored)
+        for row in group:
+            if row[column] is not None:
+                assert math.isclose(row["advantage"], (row[column] - mean) / (spread + 1e-4), abs_tol=1e-3), (
+                    group
+                )
+    assert mixed, "no group held both abstentions and different scores: nothing was checked"
 
 
 # ---------------------------------------------------------------------- model: ${stage}

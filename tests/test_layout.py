@@ -201,7 +201,9 @@ def _unexplained_imports_inside_functions() -> list[str]:
                     name = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
                     said = any("#" in lines[i] for i in range(node.lineno - 2, node.end_lineno) if i >= 0)
                     if not said and (name or "").split(".")[0] not in DEFERRED:
-                        found.append(f"{path.relative_to(REPO)}:{node.lineno} {lines[node.lineno - 1].strip()}")
+                        found.append(
+                            f"{path.relative_to(REPO)}:{node.lineno} {lines[node.lineno - 1].strip()}"
+                        )
     return sorted(set(found))
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from dna_factory.inputs.loading import load_context
-from dna_factory.inputs.preview import MASK_CLOSE, MASK_OPEN, sft_tokenized, split_preview_flag
+from dna_factory.inputs.preview import MASK_CLOSE, MASK_OPEN, sft_tokenized
+from dna_factory.run.cli import EntryFlags, entry_flags
 from dna_factory.run.runner import main, prepare
 
 
@@ -81,9 +82,12 @@ def test_dpo_preview_shows_prompt_chosen_and_rejected(capsys, tiny_model):
 
 
 def test_preview_flag_forms():
-    assert split_preview_flag(["--preview"]) == ([], 2)
-    assert split_preview_flag(["--preview=5", "--x", "1"]) == (["--x", "1"], 5)
-    assert split_preview_flag(["--x", "1"]) == (["--x", "1"], None)
+    assert entry_flags(["--preview"]) == ([], EntryFlags(preview=2))
+    assert entry_flags(["--preview=5", "--x", "1"]) == (["--x", "1"], EntryFlags(preview=5))
+    assert entry_flags(["--x", "1"]) == (["--x", "1"], EntryFlags())
+    assert entry_flags(["--rehearse", "--help", "--debug"]) == (
+        ["--help"], EntryFlags(help=True, debug=True, rehearse=True)
+    )  # fmt: skip
     assert main("sft", ["--config", "configs/sft/tiny-cpu.yaml", "--preview=0"]) == 2
 
 

@@ -31,9 +31,9 @@ from dna_factory.filter.recipe import (
     validate,
 )
 from dna_factory.inputs.data import load_mixture
-from dna_factory.inputs.preview import RULE, first_rows_per_label, generation_prompt_ids, split_preview_flag
+from dna_factory.inputs.preview import RULE, first_rows_per_label, generation_prompt_ids
 from dna_factory.inputs.row_lengths import RowCheck, stage_limit
-from dna_factory.run.cli import command_line, setup_logging
+from dna_factory.run.cli import EntryFlags, command_line, setup_logging
 from dna_factory.run.run_files import write_atomic
 from dna_factory.serving.vllm_server import VLLMServer, VLLMServerError
 from rewards.options import shorten
@@ -323,21 +323,18 @@ def main(argv: list[str] | None = None) -> int:
     from dna_factory.filter.rollouts import RolloutError  # aiohttp: not for --help and recipe errors
 
     argv = sys.argv[1:] if argv is None else argv
-    if "--help" in argv or "-h" in argv:
-        _print_help()
-        return 0
-    setup_logging()
 
-    def body(run_argv: list[str]) -> int:
-        run_argv, preview_rows = split_preview_flag(run_argv)
-        if preview_rows is not None:
+    def body(run_argv: list[str], flags: EntryFlags) -> int:
+        if flags.help:
+            _print_help()
+            return 0
+        setup_logging()
+        if flags.rehearse:
+            raise DnaConfigError("--rehearse is for the stage scripts and pipeline.py; the filter has none.")
+        if flags.preview is not None:
             resolved, cfg = load_config([*run_argv, "--dry_run"])
-            if preview_rows < 1:
-                raise DnaConfigError(
-                    f"--preview takes a positive number of prompts per dataset, got {preview_rows}."
-                )
             specs, _, _ = validate(cfg)
-            preview_prompts(cfg, specs, preview_rows)
+            preview_prompts(cfg, specs, flags.preview)
             return 0
         resolved, cfg = load_config(run_argv)
         if cfg.dry_run:

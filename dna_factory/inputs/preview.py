@@ -25,43 +25,11 @@ from typing import Any, TextIO
 
 from dna_factory.agents.config import agent_trainer_kwargs
 from dna_factory.configuration.config import RunArguments
-from dna_factory.errors import DnaConfigError
 from dna_factory.stages.base import StageContext
 from rewards.options import shorten
 
 MASK_OPEN, MASK_CLOSE = "⟦", "⟧"
 RULE = "─" * 100
-
-
-def split_preview_flag(argv: list[str]) -> tuple[list[str], int | None]:
-    """``argv`` without ``--preview [N]`` (or ``--preview=N``), and N (default 2; None without the flag).
-
-    Example:
-        >>> split_preview_flag(["--config", "r.yaml", "--preview", "3"])
-        (['--config', 'r.yaml'], 3)
-        >>> split_preview_flag(["--preview", "--max_steps", "2"])
-        (['--max_steps', '2'], 2)
-    """
-    rest, n = [], None
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--preview":
-            n = 2
-            if i + 1 < len(argv) and argv[i + 1].isdigit():
-                n = int(argv[i + 1])
-                i += 1
-        elif arg.startswith("--preview="):
-            value = arg.split("=", 1)[1]
-            if not value.isdigit() or int(value) < 1:
-                raise DnaConfigError(f"--preview takes a positive number of rows per dataset, got {value!r}.")
-            n = int(value)
-        else:
-            rest.append(arg)
-        i += 1
-    if n is not None and n < 1:
-        raise DnaConfigError(f"--preview takes a positive number of rows per dataset, got {n}.")
-    return rest, n
 
 
 def first_rows_per_label(dataset: Any, n: int) -> dict[str, list[int]]:

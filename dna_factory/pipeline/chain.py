@@ -77,7 +77,7 @@ from dna_factory.pipeline.state import (
     state_of,
 )
 from dna_factory.rehearsal import claim_output_dir
-from dna_factory.run.cli import command_line, setup_logging
+from dna_factory.run.cli import EntryFlags, command_line, setup_logging
 from dna_factory.run.launch import through_launch
 from dna_factory.run.run_files import write_atomic
 from dna_factory.run.runner import prepare
@@ -378,14 +378,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--debug", action="store_true", help="Print the traceback above an error: line.")
     argv = sys.argv[1:] if argv is None else list(argv)
 
-    def body(run_argv: list[str]) -> int:
-        args = parser.parse_args(run_argv)
+    def body(run_argv: list[str], flags: EntryFlags) -> int:
+        args = parser.parse_args(run_argv)  # --debug, --preview and --rehearse are in flags, not here
         setup_logging()
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
         pipeline = load_pipeline(args.recipe)
         apply_cli_overrides(pipeline, args.set, args.output_dir)
-        if args.rehearse:
-            running = not args.dry_run and args.preview is None
+        if flags.rehearse:
+            running = not args.dry_run and flags.preview is None
             rehearse(
                 pipeline,
                 args.output_dir,
@@ -402,12 +402,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{r['index']:<3}{r['name']:<22}{r['entry']:<9}{r['execution']:<7}{_short_launcher(r['launcher']):<28}{roles}"
             )
-        if args.preview is not None:
-            if args.preview < 1:
-                raise DnaConfigError(
-                    f"--preview takes a positive number of rows per dataset, got {args.preview}."
-                )
-            preview_stages(rows, args.preview)
+        if flags.preview is not None:
+            preview_stages(rows, flags.preview)
             return 0
         cfgs = {r["name"]: r["prepared"][1] for r in rows}
         states = plan(pipeline, selected, cfgs)

@@ -2,6 +2,8 @@
 
 Every entry runs its work through :func:`command_line`, so they all speak the same way:
 
+* one pass over the command line finds the entry flags (:func:`entry_flags`: ``--help``, ``--debug``,
+  ``--preview [N]``, ``--rehearse``);
 * ``--debug`` (any entry, anywhere on the line) prints the traceback above an ``error:`` line;
 * a problem the user can fix (:data:`dna_factory.errors.CONFIG_ERRORS`) is one ``error: ...`` line, status 2;
 * a failure the entry names (a server that died, a stage that failed) is one ``error: ...`` line and the
@@ -14,7 +16,7 @@ tried, in order, on any exception but a config error, before the other rules; on
 rules go on.
 
 Example:
-    >>> def body(argv):
+    >>> def body(argv, flags):
     ...     raise RuntimeError("the server is gone")
     >>> import contextlib, io
     >>> err = io.StringIO()
@@ -31,8 +33,10 @@ import sys
 import traceback
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from dna_factory.errors import CONFIG_ERRORS
+from dna_factory.errors import CONFIG_ERRORS, DnaConfigError
 
 EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 1, 2, 130
 """The exit statuses every entry shares (0 is done)."""
@@ -59,14 +63,55 @@ def setup_logging(level: str = "info") -> None:
     )
 
 
-def split_debug_flag(argv: Sequence[str]) -> tuple[list[str], bool]:
-    """``--debug``: show the traceback behind an ``error:`` line (not a config key).
+@dataclass(frozen=True)
+class EntryFlags:
+    """The flags every entry reads from its command line besides its keys, found in one pass (:func:`entry_flags`)."""
+
+    help: bool = False
+    """``-h``/``--help`` (left in the line: an entry with an argparse parser prints its own help)."""
+    debug: bool = False
+    """``--debug``: the traceback above an ``error:`` line."""
+    preview: int | None = None
+    """``--preview [N]`` (N rows per dataset label, 2 by default), or None."""
+    rehearse: bool = False
+    """``--rehearse`` (docs/rehearsal.md)."""
+
+
+def entry_flags(argv: Sequence[str]) -> tuple[list[str], EntryFlags]:
+    """``argv`` without ``--debug``, ``--preview [N]`` (or ``--preview=N``) and ``--rehearse``, and the flags found.
 
     Example:
-        >>> split_debug_flag(["--config", "r.yaml", "--debug"])
-        (['--config', 'r.yaml'], True)
+        >>> entry_flags(["--config", "r.yaml", "--preview", "3", "--debug"])
+        (['--config', 'r.yaml'], EntryFlags(help=False, debug=True, preview=3, rehearse=False))
+        >>> entry_flags(["--preview", "--max_steps", "2", "--rehearse"])[1].preview
+        2
     """
-    return [a for a in argv if a != "--debug"], "--debug" in argv
+    rest: list[str] = []
+    found: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--preview":
+            found["preview"] = 2
+            if i + 1 < len(argv) and argv[i + 1].isdigit():
+                found["preview"] = int(argv[i + 1])
+                i += 1
+        elif arg.startswith("--preview="):
+            value = arg.split("=", 1)[1]
+            if not value.isdigit():
+                raise DnaConfigError(f"--preview takes a positive number of rows per dataset, got {value!r}.")
+            found["preview"] = int(value)
+        elif arg in ("--debug", "--rehearse"):
+            found[arg[2:]] = True
+        else:
+            found["help"] = found.get("help", False) or arg in ("-h", "--help")
+            rest.append(arg)
+        i += 1
+    if found.get("preview") is not None and found["preview"] < 1:
+        raise DnaConfigError(
+            f"--preview takes a positive number of rows per dataset, got {found['preview']}."
+        )
+    return rest, EntryFlags(**found)
 
 
 def print_error(message: str, debug: bool, prefix: str = "error") -> None:
@@ -77,27 +122,31 @@ def print_error(message: str, debug: bool, prefix: str = "error") -> None:
 
 
 def command_line(
-    body: Callable[[list[str]], int],
+    body: Callable[[list[str], EntryFlags], int],
     argv: Sequence[str],
     *,
-    interrupted: str,
+    interrupted: str | Callable[[], str],
     failures: tuple[type[BaseException], ...] = (),
     failure_hint: str = "",
     handlers: Sequence[Handler] = (),
 ) -> int:
-    """Run ``body(argv without --debug)`` and turn what escapes it into one line and an exit status.
+    """Run ``body(*entry_flags(argv))`` and turn what escapes it into one line and an exit status.
 
     Args:
-        body: The entry's work; returns its exit status.
+        body: The entry's work, given the command line without the entry flags and the flags; returns its exit
+            status.
         argv: The command line (without the program name).
-        interrupted: What the ``interrupted:`` line says on Ctrl-C (what was kept, how to go on).
+        interrupted: What the ``interrupted:`` line says on Ctrl-C (what was kept, how to go on), or a function
+            that says it then.
         failures: Exception types that are a failure of the run, not a bug: one line, status 1.
         failure_hint: Appended to a failure's line (e.g. how to resume).
         handlers: Entry-specific outcomes, tried first.
     """
-    argv, debug = split_debug_flag(argv)
+    debug = False
     try:
-        return body(argv)
+        argv, flags = entry_flags(argv)
+        debug = flags.debug
+        return body(argv, flags)
     except CONFIG_ERRORS as exc:
         print_error(str(exc), debug)
         return EXIT_CONFIG
@@ -109,6 +158,6 @@ def command_line(
             print_error(f"{exc}{failure_hint}", debug)
             return EXIT_FAILED
         if isinstance(exc, KeyboardInterrupt):
-            print_error(interrupted, debug, prefix="interrupted")
+            print_error(interrupted() if callable(interrupted) else interrupted, debug, prefix="interrupted")
             return EXIT_INTERRUPTED
         raise

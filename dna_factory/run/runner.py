@@ -25,7 +25,7 @@ from dna_factory.configuration.provenance import provenance
 from dna_factory.configuration.validation import run_validators, wandb_login_found
 from dna_factory.errors import Interrupted
 from dna_factory.inputs.loading import building_trainer, dry_run_rows, load_context, load_data
-from dna_factory.inputs.preview import preview, split_preview_flag
+from dna_factory.inputs.preview import preview
 from dna_factory.rehearsal import (
     REHEARSE_SOURCE,
     claim_output_dir,
@@ -36,7 +36,7 @@ from dna_factory.rehearsal import (
     start_services,
     write_record,
 )
-from dna_factory.run.cli import EXIT_CONFIG, command_line, print_error, setup_logging, split_debug_flag
+from dna_factory.run.cli import EXIT_CONFIG, EntryFlags, command_line, print_error, setup_logging
 from dna_factory.run.resume import (
     FINGERPRINT_NAME,
     AlreadyFinished,
@@ -69,13 +69,14 @@ def auto_output_dir(cfg: ResolvedConfig) -> str:
     return str(Path("outputs") / name)
 
 
-def prepare(stage_name: str, argv: list[str]) -> tuple[Stage, ResolvedConfig]:
+def prepare(stage_name: str, argv: list[str], rehearse: bool | None = None) -> tuple[Stage, ResolvedConfig]:
     """Parse and validate; raises DnaConfigError. No tokenizer, dataset or model is loaded.
 
-    With ``--rehearse`` a last layer swaps what a CPU cannot run (docs/rehearsal.md); the
-    :class:`~dna_factory.rehearsal.Rehearsal` is kept on ``cfg.rehearsal``.
+    With ``rehearse`` (or, when it is None, ``--rehearse`` in ``argv``) a last layer swaps what a CPU cannot run
+    (docs/rehearsal.md); the :class:`~dna_factory.rehearsal.Rehearsal` is kept on ``cfg.rehearsal``.
     """
-    argv, rehearse = split_rehearse_flag(argv)
+    if rehearse is None:
+        argv, rehearse = split_rehearse_flag(argv)
     stage = select_stage(stage_name, argv)
     foreign = {
         **variant_foreign_keys(stage_name, stage),
@@ -156,9 +157,35 @@ def train(stage: Stage, cfg: ResolvedConfig, started: float | None = None) -> di
     and the model loaded. Raises :class:`AlreadyFinished` for a finished run and :class:`Interrupted`
     after a signal saved a checkpoint.
     """
-    import transformers
+    # transformers is imported with the trainer, not at start-up: --help and config errors answer in a second
+    from dna_factory.run.run_callbacks import FingerprintCallback, GracefulStop
 
     session_started = time.time() if started is None else started  # wall time counts from the command's start
+    plan, record = _plan_run(stage, cfg)
+    clock = FingerprintCallback(record, plan.wall_seconds_before, started=session_started)
+    stop = GracefulStop()
+    servers: list = []
+    try:
+        trainer = _build_trainer(stage, cfg, plan, record, servers)
+        trainer.add_callback(clock)
+        trainer.add_callback(stop)
+        began = time.time()
+        stop.install()
+        try:
+            result = trainer.train(resume_from_checkpoint=plan.checkpoint)
+        finally:
+            stop.restore()
+    finally:
+        for server in servers:
+            server.stop()
+    return _finish(stage, cfg, trainer, result, plan, clock, stop, began)
+
+
+def _plan_run(stage: Stage, cfg: ResolvedConfig):
+    """Hold the output dir, decide the resume (:func:`plan_resume`), seed, set up reporting; returns the plan and
+    the run's fingerprint. Writes nothing into the output dir but the lock (and a rehearsal's record)."""
+    import transformers
+
     training_args = cfg.of(stage.config_class)
     run_args = cfg.of(RunArguments)
     output_dir = training_args.output_dir
@@ -188,48 +215,45 @@ def train(stage: Stage, cfg: ResolvedConfig, started: float | None = None) -> di
                 for k in rehearsal.layer
             },
         )
-    servers: list = []
-    record = fingerprint(stage.name, cfg.values, defaults)
-    # transformers is imported with the trainer, not at start-up: --help and config errors answer in a second
-    from dna_factory.run.run_callbacks import FingerprintCallback, GracefulStop
+    return plan, fingerprint(stage.name, cfg.values, defaults)
 
-    clock = FingerprintCallback(record, plan.wall_seconds_before, started=session_started)
-    stop = GracefulStop()
-    try:
-        if rehearsal is not None:
-            start_services(cfg, servers)
-        if stage.wait_for_services is not None:
-            stage.wait_for_services(cfg)
-        ctx = load_context(stage, cfg)
-        with building_trainer(stage.name):
-            trainer = stage.build_trainer(ctx)
-        if is_main:  # the checks passed: now the output dir holds this run
-            if plan.move_aside:
-                move_aside(output_dir)
-            kept = (
-                f"resolved_config.before-{Path(plan.checkpoint).name}.yaml" if plan.config_changed else None
-            )
-            path = write_resolved_config(cfg, output_dir, kept_as=kept)
-            logger.info("Resolved config written to %s", path)
-            write_fingerprint(Path(output_dir) / FINGERPRINT_NAME, record)
-        if rehearsal is not None and is_main:
-            write_record(
-                output_dir,
-                rows_per_label=rows_per_label(ctx.train_dataset),
-                columns=ctx.train_dataset.column_names,
-            )
-            record_first_model_input(trainer, ctx.tokenizer, output_dir)
-        trainer.add_callback(clock)
-        trainer.add_callback(stop)
-        started = time.time()
-        stop.install()
-        try:
-            result = trainer.train(resume_from_checkpoint=plan.checkpoint)
-        finally:
-            stop.restore()
-    finally:
-        for server in servers:
-            server.stop()
+
+def _build_trainer(stage: Stage, cfg: ResolvedConfig, plan, record: dict, servers: list):
+    """Start a rehearsal's servers (into ``servers``, which the caller stops), wait for the stage's services, load
+    data, tokenizer and model, build the trainer; then, the checks passed, make the output dir this run's."""
+    training_args = cfg.of(stage.config_class)
+    output_dir = training_args.output_dir
+    is_main = training_args.process_index == 0
+    if cfg.rehearsal is not None:
+        start_services(cfg, servers)
+    if stage.wait_for_services is not None:
+        stage.wait_for_services(cfg)
+    ctx = load_context(stage, cfg)
+    with building_trainer(stage.name):
+        trainer = stage.build_trainer(ctx)
+    if is_main:  # the checks passed: now the output dir holds this run
+        if plan.move_aside:
+            move_aside(output_dir)
+        kept = f"resolved_config.before-{Path(plan.checkpoint).name}.yaml" if plan.config_changed else None
+        path = write_resolved_config(cfg, output_dir, kept_as=kept)
+        logger.info("Resolved config written to %s", path)
+        write_fingerprint(Path(output_dir) / FINGERPRINT_NAME, record)
+    if cfg.rehearsal is not None and is_main:
+        write_record(
+            output_dir,
+            rows_per_label=rows_per_label(ctx.train_dataset),
+            columns=ctx.train_dataset.column_names,
+        )
+        record_first_model_input(trainer, ctx.tokenizer, output_dir)
+    return trainer
+
+
+def _finish(stage: Stage, cfg: ResolvedConfig, trainer, result, plan, clock, stop, began: float) -> dict:
+    """After training: an interrupted run raises :class:`Interrupted`; a finished one saves the model, writes the
+    log history and the run summary (returned) and ends the trackers and the process group."""
+    training_args = cfg.of(stage.config_class)
+    output_dir = training_args.output_dir
+    is_main = training_args.process_index == 0
     state = trainer.state
     if stop.signum is not None and state.global_step < state.max_steps:
         saved = Path(output_dir) / f"checkpoint-{state.global_step}"
@@ -248,7 +272,7 @@ def train(stage: Stage, cfg: ResolvedConfig, started: float | None = None) -> di
             "num_train_epochs": training_args.num_train_epochs,
         },
         "resumed_from": plan.checkpoint,
-        "train_seconds": round(time.time() - started, 2),
+        "train_seconds": round(time.time() - began, 2),
         "wall_seconds_total": clock.wall_seconds(),
         "metrics": result.metrics,
         "last_log": next((h for h in reversed(state.log_history) if "loss" in h), None),
@@ -302,19 +326,20 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
     started = time.time()
     argv = sys.argv[1:] if argv is None else argv
     setup_logging()
-    if any(a in ("-h", "--help") for a in argv):
-        print_help(stage_name, argv)
-        return 0
     output_dir: list[str | None] = [None]
+    line: list[str] = []  # the command line without --debug, for the resume hint
 
-    def body(run_argv: list[str]) -> int:
-        run_argv, preview_rows = split_preview_flag(run_argv)
-        if preview_rows is not None:  # GPU recipes preview on any machine, as they dry-run
-            stage, cfg = prepare(stage_name, [*run_argv, "--dry_run"])
-            tokenizer, train_dataset, _ = load_data(stage, cfg)
-            preview(stage, cfg, tokenizer, train_dataset, preview_rows)
+    def body(run_argv: list[str], flags: EntryFlags) -> int:
+        line.extend([*run_argv, *(["--rehearse"] if flags.rehearse else [])])
+        if flags.help:
+            print_help(stage_name, run_argv)
             return 0
-        stage, cfg = prepare(stage_name, run_argv)
+        if flags.preview is not None:  # GPU recipes preview on any machine, as they dry-run
+            stage, cfg = prepare(stage_name, [*run_argv, "--dry_run"], rehearse=flags.rehearse)
+            tokenizer, train_dataset, _ = load_data(stage, cfg)
+            preview(stage, cfg, tokenizer, train_dataset, flags.preview)
+            return 0
+        stage, cfg = prepare(stage_name, run_argv, rehearse=flags.rehearse)
         if cfg.of(RunArguments).dry_run:
             dry_run_rows(stage, cfg)
             print(cfg.render(), end="")
@@ -324,7 +349,8 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
         train(stage, cfg, started)
         return 0
 
-    resume = f"To resume, rerun: {resume_command(stage_name, split_debug_flag(argv)[0])}"
+    def resume() -> str:
+        return f"To resume, rerun: {resume_command(stage_name, line)}"
 
     def finished(exc: BaseException, debug: bool) -> int:
         logger.info("%s", exc)
@@ -336,7 +362,7 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
         full = disk_full_message(exc, output_dir[0])
         if full is None:
             return None
-        print_error(f"{full} {resume}", debug)  # the rank that hit the full disk says so
+        print_error(f"{full} {resume()}", debug)  # the rank that hit the full disk says so
         return EXIT_CONFIG
 
     def interrupted(exc: BaseException, debug: bool) -> int:
@@ -345,13 +371,15 @@ def main(stage_name: str, argv: list[str] | None = None) -> int:
         else:
             saved = "a rerun resumes from the newest checkpoint-N on disk, if any"
         if int(os.environ.get("RANK", "0")) == 0:  # one line per run, not one per rank
-            print(f"interrupted: {exc} ({saved}). {resume}", file=sys.stderr)
+            print(f"interrupted: {exc} ({saved}). {resume()}", file=sys.stderr)
         return exc.status
 
     return command_line(
         body,
         argv,
-        interrupted=f"stopped at once; a rerun resumes from the newest checkpoint-N on disk, if any. {resume}",
+        interrupted=lambda: (
+            f"stopped at once; a rerun resumes from the newest checkpoint-N on disk, if any. {resume()}"
+        ),
         handlers=(
             (AlreadyFinished, finished),
             (Interrupted, interrupted),
