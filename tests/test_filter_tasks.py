@@ -346,7 +346,7 @@ def test_string_prompts_are_scored_as_the_chats_training_will_see(tiny_model, tm
     )
     kept = [json.loads(line) for line in (out / "kept.jsonl").read_text().splitlines()]
     assert sorted(row["prompt"] for row in kept) == sorted(questions)
-    with pytest.raises(DnaConfigError, match="system_prompt is set but prompts are raw text"):
+    with pytest.raises(DnaConfigError, match="system_prompt is set but prompt_format is text"):
         run(_config(tiny_model, data, out, datasets=[spec], system_prompt="Be brief.", prompt_format="text"))
 
 

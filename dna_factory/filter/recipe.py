@@ -16,7 +16,7 @@ from dna_factory.configuration.validation import mixture_columns
 from dna_factory.errors import DnaConfigError
 from dna_factory.filter.learnability import CLASSES
 from dna_factory.inputs.data import looks_local, parse_specs
-from dna_factory.inputs.prompts import PromptArguments, PromptRule, local_chat_template, resolve_prompt_format
+from dna_factory.inputs.prompts import PromptArguments, decide_prompt_rule, local_chat_template
 from dna_factory.inputs.row_lengths import PromptLengthArguments
 from rewards.options import did_you_mean
 from rewards.registry import check_reward_columns, resolve_rewards
@@ -200,19 +200,13 @@ def prompt_rule_of(cfg: FilterTasksConfig, load_tokenizer: bool = False):
     ``load_tokenizer`` (the run; the dry run assumes chat). A server is asked for chat.
     """
 
-    if cfg.prompt_format not in ("auto", "chat", "text"):
-        _fail(f"prompt_format is {cfg.prompt_format!r}. Use auto, chat or text.")
     model = cfg.model if cfg.backend != "server" else None  # a served name says nothing about templates
     tokenizer = None
     if load_tokenizer and model and cfg.prompt_format != "text" and local_chat_template(model) is None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model)
-    chat = resolve_prompt_format(cfg.prompt_format, model, tokenizer) == "chat"
-    if cfg.system_prompt and not chat:
-        _fail("system_prompt is set but prompts are raw text (prompt_format: text, or a model without a chat "
-              "template). Remove system_prompt or use a chat model.")  # fmt: skip
-    return PromptRule(chat=chat, system_prompt=cfg.system_prompt)
+    return decide_prompt_rule(cfg.prompt_format, cfg.system_prompt, model, tokenizer)
 
 
 def _print_help() -> None:

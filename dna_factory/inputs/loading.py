@@ -18,7 +18,7 @@ from dna_factory.configuration.config import ResolvedConfig, RunArguments
 from dna_factory.errors import CONFIG_ERRORS, DnaConfigError
 from dna_factory.inputs.data import load_mixture, parse_specs
 from dna_factory.inputs.data_files import looks_local
-from dna_factory.inputs.prompts import PromptArguments, PromptRule, local_chat_template, resolve_prompt_format
+from dna_factory.inputs.prompts import PromptArguments, PromptRule, decide_prompt_rule, local_chat_template
 from dna_factory.inputs.row_lengths import SERVER_MAX_MODEL_LEN, RowCheck, stage_limit
 from dna_factory.stages import Stage, StageContext
 
@@ -128,15 +128,8 @@ def prompt_rule(cfg: ResolvedConfig, tokenizer=None) -> PromptRule:
     """How this run renders prompts (docs/datasets.md): chat or text, and the system turn."""
     args = cfg.of(PromptArguments)
     model = cfg.get("model_name_or_path")
-    fmt = resolve_prompt_format(args.prompt_format, model, tokenizer)
     system_prompt = args.system_prompt or cfg.get("agent_system_prompt")
-    if fmt == "text" and system_prompt:  # a hub model's template is known only once its tokenizer loads
-        raise DnaConfigError(
-            f"A system prompt is set but the tokenizer of {model} has no chat template (or prompt_format is text), "
-            "so there is no system turn to put it in. Remove it, or put the instruction into the prompts "
-            "(a dataset's prompt_template)."
-        )
-    rule = PromptRule(chat=fmt == "chat", system_prompt=system_prompt if fmt == "chat" else None)
+    rule = decide_prompt_rule(args.prompt_format, system_prompt, model, tokenizer)
     logger.info(
         "Prompts: %s%s.",
         "chat template (string prompts become a user turn)" if rule.chat else "raw text",

@@ -122,25 +122,44 @@ def resolve_prompt_format(prompt_format: str, model: str | None, tokenizer: Any 
     return "text"
 
 
-def validate_prompt_settings(cfg: Any, *, needs_chat: str | None = None) -> None:
-    """Dry-run checks of ``prompt_format`` and ``system_prompt`` against the (local) model.
+def decide_prompt_rule(
+    prompt_format: str, system_prompt: str | None, model: str | None, tokenizer: Any = None, *,
+    needs_chat: str | None = None,
+) -> PromptRule:  # fmt: skip
+    """The prompt rule of a run: chat or text (:func:`resolve_prompt_format`) and the system turn. The one check,
+    for every stage and the filter, that a system prompt (or a run that needs chat) has a chat turn to go into.
 
     Args:
-        cfg: The resolved config.
+        prompt_format: ``auto``, ``chat`` or ``text``.
+        system_prompt: The system turn to put before every chat prompt, or None.
+        model: The model's folder or hub id (its chat template is read from the folder).
+        tokenizer: A loaded tokenizer, which knows the template for sure (a hub id before it loads is assumed
+            to have one).
         needs_chat: When set, why this run needs chat prompts (async GRPO, an agent environment).
+
+    Example:
+        >>> decide_prompt_rule("text", None, None)
+        PromptRule(chat=False, system_prompt=None)
     """
-    prompt_format = cfg.get("prompt_format", "auto")
-    model = cfg.get("model_name_or_path")
-    fmt = resolve_prompt_format(prompt_format, model)
-    if fmt == "text" and cfg.get("system_prompt"):
-        why = "prompt_format is text" if prompt_format == "text" else f"{model} has no chat template"
+    fmt = resolve_prompt_format(prompt_format, model, tokenizer)
+    why = "prompt_format is text" if prompt_format == "text" else f"{model} has no chat template"
+    if fmt == "text" and system_prompt:
         raise DnaConfigError(
             f"system_prompt is set but {why}, so there is no system turn to put it in. Remove system_prompt, "
             "or put the instruction into the prompts (a dataset's prompt_template)."
         )
     if fmt == "text" and needs_chat:
-        why = "prompt_format is text" if prompt_format == "text" else f"{model} has no chat template"
         raise DnaConfigError(f"{needs_chat} needs chat prompts, but {why}. Use a model with a chat template.")
+    return PromptRule(chat=fmt == "chat", system_prompt=system_prompt if fmt == "chat" else None)
+
+
+def validate_prompt_settings(cfg: Any, *, needs_chat: str | None = None) -> None:
+    """Dry-run checks of ``prompt_format`` and ``system_prompt`` against the (local) model
+    (:func:`decide_prompt_rule`)."""
+    decide_prompt_rule(
+        cfg.get("prompt_format", "auto"), cfg.get("system_prompt"), cfg.get("model_name_or_path"),
+        needs_chat=needs_chat,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- row rules
