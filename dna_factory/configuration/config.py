@@ -25,14 +25,12 @@ from typing import Any
 
 import yaml
 
-from dna_factory.configuration.config_types import check_known_keys, coerce_value, field_types
+from dna_factory.configuration.config_types import CLI, KeyTypes
 from dna_factory.errors import DnaConfigError
 from rewards.options import did_you_mean
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS_DIR = REPO_ROOT / "configs"
-
-CLI = "the command line"
 
 
 @dataclass
@@ -198,8 +196,9 @@ def _is_bool(tp: Any) -> bool:
     return bool in members
 
 
-def parse_cli(argv: list[str], types_by_key: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """Parse ``--key value`` / ``--key=value`` / ``--flag`` tokens into a dict (values YAML-parsed).
+def parse_cli(argv: list[str], keys: KeyTypes) -> tuple[dict[str, Any], str | None]:
+    """Parse ``--key value`` / ``--key=value`` / ``--flag`` tokens into a dict (values YAML-parsed; a key the stage
+    does not have is left for :meth:`KeyTypes.typed_layer` to name, with its "did you mean").
 
     Returns the flags and the value of ``--config`` (the recipe path), if any.
     """
@@ -229,9 +228,10 @@ def parse_cli(argv: list[str], types_by_key: dict[str, Any]) -> tuple[dict[str, 
                 )
             recipe = values[0]
             continue
-        tp = types_by_key.get(key)
-        if tp is None:
-            check_known_keys({key: None}, types_by_key, CLI)
+        tp = keys.get(key)
+        if tp is None:  # a key the stage does not have: typed_layer names it (and what it may have meant)
+            flags[key] = _parse_scalar(values[0]) if values else True
+            continue
         if not values:
             if _is_bool(tp):
                 flags[key] = True
@@ -307,13 +307,8 @@ def resolve(
     Raises:
         DnaConfigError: for an unknown key, a wrong type, a missing or malformed file.
     """
-    types_by_key = field_types(dataclass_types)
-    if foreign_keys:
-        for token in argv:
-            key = token[2:].split("=", 1)[0].replace("-", "_") if token.startswith("--") else None
-            if key in foreign_keys and key not in types_by_key:
-                raise DnaConfigError(f"Key '{key}' on {CLI} {foreign_keys[key]}")
-    cli, recipe_path = parse_cli(argv, types_by_key)
+    keys = KeyTypes(dataclass_types, foreign_keys)
+    cli, recipe_path = parse_cli(argv, keys)
 
     layers: list[tuple[str, dict[str, Any]]] = []
     defaults_path = defaults_dir / f"_defaults-{defaults_name}.yaml"
@@ -332,18 +327,12 @@ def resolve(
             raise DnaConfigError(
                 f"'config' is not a key inside {source}. Pass the recipe with --config PATH."
             )
-        for key in layer:
-            if foreign_keys and key in foreign_keys and key not in types_by_key:
-                raise DnaConfigError(f"Key '{key}' in {source} {foreign_keys[key]}")
-        check_known_keys(layer, types_by_key, source)
-        for key, value in layer.items():
-            values[key] = coerce_value(key, value, types_by_key[key], source)
-            sources[key] = source
+        values.update(keys.typed_layer(layer, source))
+        sources.update(dict.fromkeys(layer, source))
     if late_layer is not None:
         source, layer = late_layer(values, sources, recipe_path)
-        for key, value in layer.items():
-            values[key] = None if value is None else coerce_value(key, value, types_by_key[key], source)
-            sources[key] = source
+        values.update(keys.typed_layer(layer, source, keep_none=True))
+        sources.update(dict.fromkeys(layer, source))
     resolved = ResolvedConfig(stage=stage, values=values, sources=sources, recipe_path=recipe_path)
     check_deepspeed_file(values.get("deepspeed"))
     resolved.args = build_dataclasses(resolved, dataclass_types)

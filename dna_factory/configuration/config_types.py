@@ -16,6 +16,9 @@ from typing import Any
 from dna_factory.errors import DnaConfigError
 from rewards.options import did_you_mean
 
+CLI = "the command line"
+"""The source name of the command-line layer, as messages say it."""
+
 
 def field_types(dataclass_types: typing.Iterable[type]) -> dict[str, Any]:
     """Map every field name of the given dataclasses to its resolved type."""
@@ -238,3 +241,40 @@ def dataclass_defaults(classes: typing.Iterable[type]) -> dict[str, Any]:
             elif f.default_factory is not dataclasses.MISSING:
                 found.setdefault(f.name, f.default_factory())
     return found
+
+
+class KeyTypes:
+    """Every key a stage accepts and its type (from the stage's dataclasses), and the one pass a layer of keys goes
+    through: a sibling variant's key and an unknown key are one error line each, and every value is coerced to its
+    key's type. The layering (:func:`dna_factory.configuration.config.resolve`) hands each layer here once.
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> @dataclass
+        ... class Args:
+        ...     max_steps: int = 10
+        >>> KeyTypes([Args]).typed_layer({"max_steps": "20"}, "the command line")
+        {'max_steps': 20}
+    """
+
+    def __init__(self, dataclass_types: typing.Iterable[type], foreign_keys: dict[str, str] | None = None):
+        self.types = field_types(dataclass_types)
+        self.foreign = dict(foreign_keys or {})
+        """Keys only a sibling variant accepts, each with the reason the user reads."""
+
+    def get(self, key: str) -> Any:
+        """The type of ``key``, or None for a key the stage does not have."""
+        return self.types.get(key)
+
+    def typed_layer(self, layer: dict[str, Any], source: str, *, keep_none: bool = False) -> dict[str, Any]:
+        """``layer`` checked and coerced, from ``source`` (a file, or "the command line"); ``keep_none`` leaves a
+        None as None (a late layer that unsets a key)."""
+        where = "on" if source == CLI else "in"
+        for key in layer:
+            if key in self.foreign and key not in self.types:
+                raise DnaConfigError(f"Key '{key}' {where} {source} {self.foreign[key]}")
+        check_known_keys(layer, self.types, source)
+        return {
+            key: None if keep_none and value is None else coerce_value(key, value, self.types[key], source)
+            for key, value in layer.items()
+        }

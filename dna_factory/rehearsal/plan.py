@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import dna_factory.rehearsal.hub_data as hub_data
-from dna_factory.configuration.config import CLI
+from dna_factory.configuration.config_types import CLI
 from dna_factory.errors import DnaConfigError
 from dna_factory.inputs.data_files import looks_local
 from dna_factory.rehearsal.models import _hub_reachable, rehearsal_model

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dna_factory.configuration.config import CLI
+from dna_factory.configuration.config_types import CLI
 from dna_factory.errors import DnaConfigError
 from dna_factory.rehearsal.plan import SOURCE
 from dna_factory.serving.vllm_server import VLLMServer, install_cleanup_hooks, share_cores_with
