@@ -214,6 +214,18 @@ def test_an_import_inside_a_function_says_why():
     assert found == [], f"{len(found)} imports inside functions with no reason: {found}"
 
 
+def test_no_module_is_past_500_lines():
+    """A module past about 500 lines holds two concerns: it is split (rewards/sandbox/channel.py was 530: the wire
+    protocol and the rules for which modules the tests may trust, now rewards/sandbox/trusted.py)."""
+    long = {
+        path.relative_to(REPO).as_posix(): n
+        for folder in PACKAGES
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > 500
+    }
+    assert long == {}, long
+
+
 def test_the_package_root_holds_at_most_six_modules():
     """#39: the root of ``dna_factory/`` is the package's face and the few modules every wing uses; each other
     concern (configuration, inputs, a run's life, serving, the pipeline) is a wing."""

@@ -2,8 +2,8 @@
 
 :func:`rewards.sandbox.run_python_async` starts this file, ``python -I -S -B -X utf8 boot.py CONFIG RESULT_FD``,
 inside the boundary (:mod:`rewards.sandbox.bwrap`) or as a plain process, with a scrubbed environment. It uses
-the standard library only (its siblings :mod:`~rewards.sandbox.seccomp` and :mod:`~rewards.sandbox.channel`
-are loaded by path).
+the standard library only (its siblings :mod:`~rewards.sandbox.seccomp`, :mod:`~rewards.sandbox.channel`,
+:mod:`~rewards.sandbox.trusted` and :mod:`~rewards.sandbox.audit` are loaded by path).
 
 Steps, in order:
 
@@ -81,6 +81,7 @@ def _sibling(name: str):  # noqa: ANN202 - a module loaded by path
 
 seccomp = _sibling("seccomp")
 wire = _sibling("channel")
+trusted = _sibling("trusted")
 audit = _sibling("audit")
 
 
@@ -230,7 +231,7 @@ def tests_side(
     so what it defines is the tests' own: the program can neither see nor rewrite it. A set-up that raises
     fails every test.
     """
-    link = wire.Link(requests, answers)
+    link = wire.Link(requests, answers, trusted)
     try:
         names, shadows = link.globals()
     except wire.ProgramGone as exc:

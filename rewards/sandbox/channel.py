@@ -33,14 +33,10 @@ import base64
 import builtins
 import decimal
 import fractions
-import importlib
-import importlib.util
 import json
 import math
 import operator
 import os
-import sys
-import sysconfig
 import types
 from typing import Any
 
@@ -303,86 +299,12 @@ def serve(namespace: dict, requests: int, answers: int, report: Any = None) -> N
         writer.write(answer)
 
 
-_STDLIB = sysconfig.get_paths()["stdlib"]
-
-
-def _stdlib_module(name: Any) -> types.ModuleType | None:
-    """``name`` imported on the test side when it is a standard-library module found in the standard library's
-    own directory (or built in), never from ``site-packages`` or a path the program could write to."""
-    if not isinstance(name, str) or name.split(".")[0] not in sys.stdlib_module_names:
-        return None
-    if name in sys.modules:
-        return sys.modules[name]
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    origin = getattr(spec, "origin", None) if spec is not None else None
-    if origin not in ("built-in", "frozen") and not (
-        isinstance(origin, str) and os.path.realpath(origin).startswith(os.path.realpath(_STDLIB) + os.sep)
-    ):
-        return None
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
-
-
-THIRD_PARTY_ALIASES = {
-    "np": "numpy",
-    "pd": "pandas",
-    "plt": "matplotlib.pyplot",
-    "sp": "scipy",
-    "nx": "networkx",
-    "sns": "seaborn",
-    "tf": "tensorflow",
-}
-"""The conventional names of third-party modules: a program value under one of them is a shadow (like a fake
-``math``), and the tests get the installed module."""
-
-
-def _site_dirs() -> list[str]:
-    return [
-        os.path.realpath(path)
-        for path in sys.path
-        if isinstance(path, str) and ("site-packages" in path or "dist-packages" in path)
-    ]
-
-
-def _installed_module(name: Any) -> types.ModuleType | None:
-    """``name`` imported on the test side when it is installed in the interpreter's own ``site-packages`` (the
-    tests' own copy of what the program imported, as for the standard library), never from a path the program
-    could write to."""
-    if not isinstance(name, str) or not all(part.isidentifier() for part in name.split(".")):
-        return None
-    if name in sys.modules:
-        return sys.modules[name]
-    try:
-        spec = importlib.util.find_spec(name.split(".")[0])
-    except (ImportError, ValueError):
-        return None
-    locations = [getattr(spec, "origin", None), *(getattr(spec, "submodule_search_locations", None) or ())]
-    sites = _site_dirs()
-    if spec is None or not any(
-        isinstance(where, str) and any(os.path.realpath(where).startswith(site + os.sep) for site in sites)
-        for where in locations
-    ):
-        return None
-    try:
-        return importlib.import_module(name)
-    except Exception:  # noqa: BLE001 - a module that does not import here is not given to the tests
-        return None
-
-
-def trusted_module(name: Any) -> types.ModuleType | None:
-    """The test side's own copy of module ``name``: from the standard library or ``site-packages``, else None."""
-    return _stdlib_module(name) or _installed_module(name)
-
-
 class Link:
     """The test side of the channel: sends requests, rebuilds answers, keeps one :class:`Remote` per handle."""
 
-    def __init__(self, requests: int, answers: int) -> None:
+    def __init__(self, requests: int, answers: int, modules: Any) -> None:
+        """``modules``: :mod:`rewards.sandbox.trusted` (passed in: boot.py loads both files by path)."""
+        self._modules = modules
         self._writer = os.fdopen(requests, "wb", buffering=0)
         self._reader = os.fdopen(answers, "rb")
         self._remotes: dict[int, Remote] = {}
@@ -431,7 +353,7 @@ class Link:
                 continue
             module = entry.get("module") if isinstance(entry, dict) else None
             if isinstance(module, str):  # the test side's own copy of a standard-library or installed module
-                found = trusted_module(module)
+                found = self._modules.trusted_module(module)
                 if found is not None:
                     result[name] = found
                 continue
@@ -439,12 +361,12 @@ class Link:
                 value = decode(entry.get("value") if isinstance(entry, dict) else None, self.remote)
             except (CannotCross, RecursionError, ValueError, TypeError):
                 continue
-            if hasattr(builtins, name) or name in sys.stdlib_module_names or name in THIRD_PARTY_ALIASES:
+            if self._modules.shadows_a_module(name):
                 # Shadows a built-in, a standard-library module (a fake ``math``) or a third-party module's usual
                 # name (a fake ``np`` whose allclose says yes): visible only as a function under test
                 # (shadows_for); otherwise the tests get the real one.
                 shadows[name] = value
-                found = trusted_module(THIRD_PARTY_ALIASES.get(name, name))
+                found = self._modules.real_module(name)
                 if found is not None:
                     result[name] = found
             else:
