@@ -13,8 +13,9 @@ recipes:
   IFEval instruction (quotation marks, a ``<<title>>``, an end phrase, a postscript). Careless demonstrations
   (60%) answer without following the instruction.
 * **rlhf** (reward ``judge``, over HTTP, against ``scripts/tiny_judge.py``): "Which number is smallest: 5, 7,
-  0, 2?". The judge grades with the default rubric: a right answer that restates the question scores 9, a bare
-  right number 6 (under the threshold 7), a wrong one 1. Careless demonstrations (60%) give the bare number.
+  0, 2?". The judge grades with the default rubric: a right answer in a full sentence ("The smallest number is
+  0.") scores 9, a bare right number 6 (under the threshold 7), a wrong one 1. Careless demonstrations (90%, so
+  that every SFT start answers with the bare number) give the bare number.
 
 The three agent families (not yet in the recipe, docs/families.md) run the real environments
 (``dna_factory/agents/``) with one tool each and at most one round of tool calls; every prompt carries its system
@@ -60,6 +61,10 @@ LIST_LENGTH = 4
 TRAIN_PER_FAMILY = 1500
 EVAL_PER_FAMILY = 100
 CARELESS_FRACTION = 0.6
+"""The share of careless demonstrations in a family's SFT rows (the agents' and most families')."""
+CARELESS_RLHF = 0.9
+"""The rlhf family's: with 60%, whether the SFT start's greedy answer was the bare number or the full sentence
+depended on the seed (its first token "The" competes with ten digits), so the "before" ranged from 0.03 to 0.59."""
 
 IF_INSTRUCTIONS = (
     ("startend:quotation", {}, "Wrap your entire response with double quotation marks."),
@@ -114,11 +119,11 @@ def if_row(digits: tuple[int, ...], which: int) -> dict:
 
 
 def rlhf_row(digits: tuple[int, ...]) -> dict:
-    """A question the judge grades, with the restated answer and the bare number."""
+    """A question the judge grades, with the answer in a full sentence and the bare number."""
     return {
         "prompt": _user(f"Which number is smallest: {_listed(digits)}?"),
         "solution": str(min(digits)),
-        "careful": f"The smallest of {_listed(digits)} is {min(digits)}.",
+        "careful": f"The smallest number is {min(digits)}.",
         "careless": f"{min(digits)}",
     }
 
@@ -284,10 +289,11 @@ def make_family_data(out: str | Path = "data/families", seed: int = 0) -> dict[s
     demonstrations = []
     for family, make in FAMILIES.items():
         train = [make(d, i) for i, d in enumerate(_digit_lists(rng, TRAIN_PER_FAMILY, set(taken)))]
+        careless = CARELESS_RLHF if family == "rlhf" else CARELESS_FRACTION
         sft = [
             {
                 "messages": row["prompt"]
-                + _assistant(row["careless" if rng.random() < CARELESS_FRACTION else "careful"])
+                + _assistant(row["careless" if rng.random() < careless else "careful"])
             }
             for row in train
         ]

@@ -23,7 +23,7 @@ FAMILIES = {  # RL stage -> its held-out metric
 }
 MARGIN = 0.3
 """The least rise of every family's held-out metric. The issue's bar is 0.1 or twice the seed-to-seed spread,
-whichever is larger; over three seeds the rises were +0.70 to +0.84 and the spread at most 0.1 (docs/families.md),
+whichever is larger; over three seeds the rises were +0.69 to +1.00, the spread at most 0.09 (docs/families.md),
 so 0.3 leaves room for a noisy machine and still fails a family that learns little."""
 
 
@@ -58,6 +58,10 @@ def test_tiny_judge_grades_the_rubric_for_the_smallest_question():
     question = "Which number is smallest: 1, 0, 4, 6?"
     assert grade(question, "The smallest of 1, 0, 4, 6 is 0.") == 9
     assert grade(question, "\n\nthe smallest of 1, 0, 4, 6 is 0") == 9  # case, spacing, final period
+    assert (
+        grade(question, "The smallest number is 0.") == 9
+        and grade(question, "The smallest number is 1.") == 1
+    )
     assert grade(question, "0") == grade(question, "The answer is 0.") == 6  # right, but bare
     # what a policy found when the full answer only had to appear somewhere: right last number, junk around it
     assert grade(question, "The smallest of 1, 0, 4, 6 is 0, 1, 0") == 3
@@ -194,7 +198,8 @@ def test_a_judge_that_abstains_gives_none_never_zero_in_the_rlhf_stage(families_
         judge_proc.wait(timeout=10)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
-    (column,) = [key for key in rows[0] if key not in ("step", "prompt", "completion", "advantage")]
+    column = "judge_reward"  # and its raw 0-10 score, logged beside it
+    assert all((row[column] is None) == (row[f"{column}_score"] is None) for row in rows)
     abstained = [row for row in rows if row[column] is None]
     assert len(rows) == 64 and 0 < len(abstained) < len(rows), (len(rows), len(abstained))
     assert all(row["advantage"] == 0 for row in abstained)
