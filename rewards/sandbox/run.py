@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from rewards.sandbox.execute import ISOLATIONS, Limits, execute, run_blocking
 from rewards.sandbox.isolation import auto_fallback, sandbox_isolation
@@ -77,25 +78,11 @@ async def run_python_async(
     )  # fmt: skip
 
 
-def run_python(
-    code: str,
-    stdin: str | bytes | None = None,
-    *,
-    tests: Sequence[str] | None = None,
-    setup: str | None = None,
-    timeout_s: float = 10.0,
-    limits: Limits | None = None,
-    isolation: str = "auto",
-    seccomp: bool = True,
-) -> ExecutionResult:
+def run_python(code: str, stdin: str | bytes | None = None, **options: Any) -> ExecutionResult:
     """Blocking :func:`run_python_async` (same arguments); safe to call inside a running event loop.
 
     Example:
         >>> run_python("print(1 / 0)", timeout_s=5).status
         'error'
     """
-    coroutine = run_python_async(
-        code, stdin, tests=tests, setup=setup, timeout_s=timeout_s, limits=limits, isolation=isolation,
-        seccomp=seccomp,
-    )  # fmt: skip
-    return run_blocking(coroutine)
+    return run_blocking(run_python_async(code, stdin, **options))
