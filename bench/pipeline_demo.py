@@ -73,6 +73,7 @@ def run_seed(recipe: str, out: Path, seed: int, assignments: list[str], env: dic
         "eval_before",
         "eval_before_from",
         "eval_after",
+        "eval_also",
     )
     keys += ("eval_loss_before", "eval_loss_after", "final")
     return {
@@ -132,9 +133,23 @@ def table(runs: list[dict], teachers: set[str] = frozenset()) -> list[dict]:
                 + _span([s["eval_loss_after"] for s in stages])
                 if any(s["eval_loss_after"] is not None for s in stages)
                 else "-",
+                "behaviour": behaviour(stages),
             }
         )
     return rows
+
+
+def behaviour(stages: list[dict]) -> str:
+    """The held-out task's other metrics over the seeds (an agent's tool_call_rate, turns): before → after."""
+    names = dict.fromkeys(n for s in stages for n in (s.get("eval_also") or {}) if n != "abstained")
+    return (
+        "; ".join(
+            f"{name} {_span([(s.get('eval_also') or {}).get(name, {}).get('before') for s in stages])} → "
+            f"{_span([(s.get('eval_also') or {}).get(name, {}).get('after') for s in stages])}"
+            for name in names
+        )
+        or "-"
+    )
 
 
 @contextlib.contextmanager
@@ -182,12 +197,15 @@ def main(argv: list[str] | None = None) -> int:
     students = [r for r in rows if r["student"]]
     for r in students:
         r["margin"] = max(target["min_gain"], target["spread_factor"] * (r["gain_spread"] or 0.0))
-    print("| stage | before | after | gain | least gain needed | seconds | held-out loss (before → after) |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| stage | before | after | gain | least gain needed | seconds | held-out loss (before → after) "
+        "| behaviour (before → after) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['stage']} | {r['before']} | {r['after']} | {r['gain']} | {_span([r.get('margin')])} | {r['seconds']} "
-            f"| {r['held_out_loss']} |"
+            f"| {r['held_out_loss']} | {r['behaviour']} |"
         )
     stage_seconds = [s["seconds"] or 0 for run in runs for s in run["stages"]]
     ok = (

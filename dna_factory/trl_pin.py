@@ -76,6 +76,13 @@ TOUCH_POINTS = (
         "tests/test_agents.py::test_trl_canary",
     ),
     TouchPoint(
+        "dna_factory/eval/agent_task.py",
+        "GRPOTrainer._get_tool_suffix_ids on a stand-in holding the five attributes it reads, and the tool loop's "
+        "rules the eval repeats (prompt + completion + suffix ids, the max_completion_length drop, the training "
+        "chat template where the model's is not prefix-preserving)",
+        "tests/test_agent_eval.py::test_trl_canary_tool_suffix_and_the_tool_loop",
+    ),
+    TouchPoint(
         "dna_factory/filter/tool.py",
         "trl.trainer.utils.is_async_callable, which GRPOTrainer uses to tell async reward functions (awaited) "
         "from sync ones; the filter calls rewards the same way",

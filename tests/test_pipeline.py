@@ -310,6 +310,28 @@ def test_a_final_model_without_an_eval_has_no_after_and_is_no_later_stage_before
     assert "largest 0.12 → ?" in (out / "pipeline_report.md").read_text()
 
 
+def test_a_tasks_other_metrics_read_before_and_after_beside_its_headline(tmp_path):
+    """An agent task's behaviour (``eval/<task>/tool_call_rate``, ``/turns``) rides beside its headline: the report
+    reads each from the stage's baseline and its last eval, and the headline stays the task's own metric."""
+    from dna_factory.pipeline.report import write_report
+
+    pipeline, out = _recorded(tmp_path)
+    rows = [
+        {"eval/step": 0, "eval/largest": 0.1, "eval/largest/tool_call_rate": 0.0, "eval/largest/turns": 1.0,
+         "eval/largest/abstained": 0.0},
+        {"eval/step": 150, "eval/largest": 0.9, "eval/largest/tool_call_rate": 0.97, "eval/largest/turns": 1.97,
+         "eval/largest/abstained": 0.0},
+    ]  # fmt: skip
+    (out / "3-grpo" / "eval_results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    grpo = {s["name"]: s for s in write_report(pipeline)["stages"]}["grpo"]
+    assert (grpo["eval_metric"], grpo["eval_before"], grpo["eval_after"]) == ("eval/largest", 0.1, 0.9)
+    assert grpo["eval_also"]["tool_call_rate"] == {"before": 0.0, "after": 0.97}
+    assert grpo["eval_also"]["turns"] == {"before": 1.0, "after": 1.97}
+    text = (out / "pipeline_report.md").read_text()
+    assert "largest 0.1 → 0.9 (+0.8); tool_call_rate 0 → 0.97 (+0.97); turns 1 → 1.97 (+0.97)" in text
+    assert "abstained" not in text  # shown only when the judge did abstain
+
+
 def _eval_server_recipe(tmp_path, eval_server, stage_model="artifacts/tiny/student", **overrides):
     path = tmp_path / "r.yaml"
     stage = {"name": "sft", "entry": "sft", "config": "configs/sft/tiny-cpu.yaml", "model": stage_model,

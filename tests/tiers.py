@@ -31,6 +31,7 @@ TIERS: dict[str, str] = {
     "tests/rewards/test_sandbox_pool.py": FAST,
     "tests/rewards/test_sandbox_unprivileged.py": FAST,
     "tests/rewards/test_sandbox_verdicts.py": FAST,
+    "tests/test_agent_eval.py": MIXED,
     "tests/test_agents.py": MIXED,
     "tests/test_alarms.py": FAST,
     "tests/test_async_grpo.py": MIXED,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import queue
 import re
 import shutil
@@ -288,7 +289,12 @@ class CheckpointEvalCallback(TrainerCallback):
                 served, base_url = name, server.base_url
                 processes = {"server_pgid": server.pgid, "port": server.port}
             command = harness_command(
-                self.tasks, model=served, base_url=base_url, log_root=step_dir, settings=self.settings
+                self.tasks,
+                model=served,
+                base_url=base_url,
+                log_root=step_dir,
+                settings=self.settings,
+                model_dir=job.model,
             )
             harness = HarnessRun(command, step_dir / "harness.log")
             with self._lock:
@@ -312,6 +318,15 @@ class CheckpointEvalCallback(TrainerCallback):
                 shutil.rmtree(job.staged, ignore_errors=True)
         row = {"eval/step": job.step, "train/global_step": job.step}
         row.update({f"eval/{r['task']}": r["value"] for r in results if r.get("value") is not None})
+        # a task's other metrics (an agent task's tool_call_rate, turns): eval/<task>/<metric>
+        row.update(
+            {
+                f"eval/{r['task']}/{name}": value
+                for r in results
+                for name, value in (r.get("metrics") or {}).items()
+                if name != r.get("metric") and not math.isnan(value)
+            }
+        )
         row.update(model=name, checkpoint=job.source, seconds=round(time.monotonic() - started, 1))
         row["tasks"] = {r["task"]: r for r in results}
         if error is not None:

@@ -44,12 +44,25 @@ from dna_factory.run.run_files import write_atomic
 
 logger = logging.getLogger(__name__)
 
-LOCAL_TASKS = ("arith", "largest", "tiny_coding", "tiny_if", "tiny_judge", "kmmlu_pro")
+LOCAL_TASKS = (
+    "arith",
+    "largest",
+    "tiny_coding",
+    "tiny_if",
+    "tiny_judge",
+    "tiny_general",
+    "tiny_search",
+    "tiny_coding_agent",
+    "kmmlu_pro",
+)
 """The ``@task`` functions of ``dna_factory/eval/tasks.py`` (a test keeps the two in sync)."""
 TASKS_FILE = Path(__file__).with_name("tasks.py")
 SERVICE = "dna"
 """Inspect's ``openai-api/<service>/<model>`` provider; the key is read from ``DNA_API_KEY``."""
 RESULTS_NAME = "harness_results.json"
+SERVED_ENV = "DNA_EVAL_SERVED"
+"""How the harness tells a task that drives the server itself (an agent task, :mod:`dna_factory.eval.agent_task`)
+what is served: JSON with ``base_url``, ``model``, ``model_dir`` (the tokenizer's directory) and ``temperature``."""
 MAX_RETRIES = 3
 """Retries of one request: a local server either answers or is gone."""
 
@@ -110,9 +123,16 @@ class HarnessSettings:
 
 
 def harness_command(
-    tasks: Sequence[EvalTask], *, model: str, base_url: str, log_root: Path, settings: HarnessSettings
+    tasks: Sequence[EvalTask],
+    *,
+    model: str,
+    base_url: str,
+    log_root: Path,
+    settings: HarnessSettings,
+    model_dir: str | None = None,
 ) -> list[str]:
-    """The command line of one harness process (the owner's interpreter, this module)."""
+    """The command line of one harness process (the owner's interpreter, this module); ``model_dir`` is the
+    served model's directory (its tokenizer), which agent tasks need."""
     command = [
         sys.executable, "-m", "dna_factory.eval.harness",
         "--model", model,
@@ -126,6 +146,8 @@ def harness_command(
         command += ["--limit", str(settings.limit)]
     if settings.temperature is not None:
         command += ["--temperature", str(settings.temperature)]
+    if model_dir is not None:
+        command += ["--model-dir", str(model_dir)]
     for task in tasks:
         command += ["--task", f"{task.name}={task.ref}"]
     return command
@@ -202,12 +224,16 @@ class HarnessRun:
 
 def headline(log) -> tuple[str | None, float | None]:
     """The metric that stands for a task: ``accuracy`` of its first scorer, else that scorer's first metric."""
-    scores = log.results.scores if log.results is not None else []
-    if not scores:
-        return None, None
-    metrics = scores[0].metrics
+    metrics = scorer_metrics(log)
     name = "accuracy" if "accuracy" in metrics else next(iter(metrics), None)
-    return name, (float(metrics[name].value) if name is not None else None)
+    return name, (metrics[name] if name is not None else None)
+
+
+def scorer_metrics(log) -> dict[str, float]:
+    """Every metric of the task's first scorer (an agent task's ``tool_call_rate`` and ``turns`` besides
+    ``reward``), in the scorer's order."""
+    scores = log.results.scores if log.results is not None else []
+    return {name: float(m.value) for name, m in scores[0].metrics.items()} if scores else {}
 
 
 def _exit_with_parent(parent_pid: int) -> None:
@@ -274,6 +300,7 @@ def run_task(task: EvalTask, args: argparse.Namespace) -> dict:
             status=log.status,
             metric=metric,
             value=value,
+            metrics=scorer_metrics(log),
             samples=log.results.completed_samples if log.results is not None else 0,
             log=log.location,
         )
@@ -294,10 +321,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="samples per task")
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy)")
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    parser.add_argument(
+        "--model-dir", default=None, help="the served model's directory (agent tasks read its tokenizer)"
+    )
     args = parser.parse_args(argv)
     if args.parent_pid is not None:
         _exit_with_parent(args.parent_pid)
     os.environ.setdefault(f"{SERVICE.upper()}_API_KEY", "local")  # vLLM without --api-key accepts any key
+    if args.model_dir is not None:
+        served = {"base_url": args.base_url, "model": args.model, "model_dir": args.model_dir}
+        os.environ[SERVED_ENV] = json.dumps({**served, "temperature": args.temperature})
     Path(args.log_root).mkdir(parents=True, exist_ok=True)
     tasks = [EvalTask(*spec.split("=", 1)) for spec in args.task]
     skip_unused_imports(tasks)

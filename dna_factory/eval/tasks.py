@@ -35,6 +35,7 @@ from inspect_ai.dataset import MemoryDataset, Sample, hf_dataset
 from inspect_ai.scorer import choice, match
 from inspect_ai.solver import generate, multiple_choice
 
+from dna_factory.eval.agent_task import AgentSpec, agent_task
 from dna_factory.eval.reward_task import chat_input, reward_task
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # dna_factory/eval/tasks.py -> the checkout
@@ -78,17 +79,42 @@ def largest(path: str = str(LARGEST_PATH)) -> Task:
     return last_number_task(path, "largest")
 
 
+BOXED = {"factory": "string_match", "extractor": "boxed", "answer_column": "answer"}
 FAMILY_TASKS: dict[str, tuple[str, dict[str, Any]]] = {
     "tiny_coding": ("coding_eval.jsonl", {"factory": "code_execution"}),
     "tiny_if": ("if_eval.jsonl", {"factory": "instruction_following"}),
     "tiny_judge": ("rlhf_eval.jsonl", {"factory": "judge", "rubric": "rewards/prompts/default.md"}),
+    "tiny_general": ("general_eval.jsonl", BOXED),
+    "tiny_search": ("search_eval.jsonl", BOXED),
+    "tiny_coding_agent": (
+        "coding_agent_eval.jsonl",
+        {"factory": "code_execution", "timeout_s": 5, "concurrency": 2},
+    ),
 }
 """The families recipe's tasks: task -> (its held-out file in ``data/families/``, the reward its RL stage trains on,
 as the stage's ``reward_funcs`` entry; a test keeps the two alike)."""
 
+FAMILY_AGENTS: dict[str, AgentSpec] = {
+    "tiny_general": AgentSpec("general", ("calculator",), 1, 96),
+    "tiny_search": AgentSpec(
+        "search", ("search",), 1, 96, {"corpus": str(FAMILIES_DIR / "search_corpus.jsonl"), "top_k": 1}
+    ),
+    "tiny_coding_agent": AgentSpec(
+        "coding",
+        ("run_python",),
+        1,
+        160,
+        {"timeout_s": 5, "cpu_s": 2, "memory_mb": 512, "max_output_chars": 500},
+    ),
+}
+"""The agent families' tasks: each plays its prompts as episodes of its stage's environment, tools and bounds
+(:mod:`dna_factory.eval.agent_task`; a test keeps them alike with the recipe's stage)."""
+
 
 def family_task(name: str, path: str | None) -> Task:
     held_out, spec = FAMILY_TASKS[name]
+    if name in FAMILY_AGENTS:
+        return agent_task(path or FAMILIES_DIR / held_out, name, spec, FAMILY_AGENTS[name])
     return reward_task(path or FAMILIES_DIR / held_out, name, spec)
 
 
@@ -104,6 +130,27 @@ def tiny_if(path: str | None = None) -> Task:
     """The families recipe's instruction-following task: 100 held-out questions with one IFEval instruction,
     scored by the IF stage's reward (``instruction_following``, the IFEval checkers)."""
     return family_task("tiny_if", path)
+
+
+@task
+def tiny_general(path: str | None = None) -> Task:
+    """The families recipe's General Agent task: 100 held-out 'Calculate "7 * 3 * 4 % 10".' prompts, each played
+    as one episode with the calculator, scored by the stage's reward (the boxed answer against ``answer``)."""
+    return family_task("tiny_general", path)
+
+
+@task
+def tiny_search(path: str | None = None) -> Task:
+    """The families recipe's Search Agent task: 100 held-out 'Which floor is robot "C4" on?' prompts about robots
+    no training prompt names, each played as one episode with BM25 search, scored by the boxed answer."""
+    return family_task("tiny_search", path)
+
+
+@task
+def tiny_coding_agent(path: str | None = None) -> Task:
+    """The families recipe's Coding Agent task: 100 held-out coding prompts, each played as one episode with
+    run_python, scored by the stage's reward (``code_execution`` on the final program)."""
+    return family_task("tiny_coding_agent", path)
 
 
 @task

@@ -12,6 +12,9 @@ Each stage's held-out metric reads before -> after, both on the same held-out se
 * ``eval_before``: its value for the model the stage started from: the stage's own baseline (step 0)
   when it evaluated one, else the ``eval_after`` of the earlier stage whose final model it started
   from (``eval_before_from`` names which), else None;
+* ``eval_also``: the same task's other metrics (``eval/<task>/<metric>``, e.g. an agent task's
+  ``tool_call_rate`` and ``turns``: the behaviour that changed), each ``{"before": ..., "after": ...}`` from the
+  stage's own baseline and last eval;
 * ``eval_loss_before`` / ``eval_loss_after``: the trainer's own ``eval_loss`` on ``eval_datasets`` at
   step 0 (``eval_on_start``) and at the last step, when it logged them: for distillation, the quantity
   it optimises (per-token reverse KL to the teacher with ``beta: 1``).
@@ -76,7 +79,7 @@ def before_after(rows: list[dict]) -> list[dict]:
     by_model = {}
     for row in rows:
         history, steps = row["eval_history"], row["steps"]
-        key = next((k for e in history for k in e if k != "step"), None)
+        key = next((k for e in history for k in e if k != "step" and k.count("/") == 1), None)
         after = next((e[key] for e in history if key in e and e["step"] == steps), None) if key else None
         own = next((e[key] for e in history if key in e and e["step"] == 0), None) if key else None
         source = "baseline" if own is not None else None
@@ -86,7 +89,15 @@ def before_after(rows: list[dict]) -> list[dict]:
             if key is not None and earlier["eval_after"] is not None and earlier["eval_metric"] == key:
                 own, source = earlier["eval_after"], earlier["name"]
         losses = [(h.get("step"), h["eval_loss"]) for h in row.get("history", []) if "eval_loss" in h]
+        also = {
+            k.removeprefix(f"{key}/"): {
+                "before": next((e[k] for e in history if k in e and e["step"] == 0), None),
+                "after": next((e[k] for e in history if k in e and e["step"] == steps), None),
+            }
+            for k in dict.fromkeys(k for e in history for k in e if key and k.startswith(f"{key}/"))
+        }
         row.update(
+            eval_also=also,
             eval_metric=key,
             eval_before=own,
             eval_before_from=source,
@@ -126,6 +137,9 @@ def _eval_cell(row: dict) -> str:
         parts.append(
             f"{row['eval_metric'].removeprefix('eval/')} {_change(row['eval_before'], row['eval_after'])}"
         )
+        for name, values in row.get("eval_also", {}).items():
+            if name != "abstained" or values["after"]:
+                parts.append(f"{name} {_change(values['before'], values['after'])}")
     if row["eval_loss_before"] is not None or row["eval_loss_after"] is not None:
         name = "reverse KL to teacher" if row["entry"] == "distill" else "eval_loss"
         parts.append(f"{name} {_change(row['eval_loss_before'], row['eval_loss_after'])}")
