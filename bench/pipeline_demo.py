@@ -141,15 +141,13 @@ def table(runs: list[dict], teachers: set[str] = frozenset()) -> list[dict]:
 
 def behaviour(stages: list[dict]) -> str:
     """The held-out task's other metrics over the seeds (an agent's tool_call_rate, turns): before → after."""
-    names = dict.fromkeys(n for s in stages for n in (s.get("eval_also") or {}) if n != "abstained")
-    return (
-        "; ".join(
-            f"{name} {_span([(s.get('eval_also') or {}).get(name, {}).get('before') for s in stages])} → "
-            f"{_span([(s.get('eval_also') or {}).get(name, {}).get('after') for s in stages])}"
-            for name in names
-        )
-        or "-"
-    )
+    also = [s.get("eval_also") or {} for s in stages]
+    names = dict.fromkeys(n for metrics in also for n in metrics if n != "abstained")
+
+    def side(name: str, when: str) -> str:
+        return _span([metrics.get(name, {}).get(when) for metrics in also])
+
+    return "; ".join(f"{name} {side(name, 'before')} → {side(name, 'after')}" for name in names) or "-"
 
 
 @contextlib.contextmanager

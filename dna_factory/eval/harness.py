@@ -222,9 +222,8 @@ class HarnessRun:
 # ---------------------------------------------------------------------- inside the harness process
 
 
-def headline(log) -> tuple[str | None, float | None]:
-    """The metric that stands for a task: ``accuracy`` of its first scorer, else that scorer's first metric."""
-    metrics = scorer_metrics(log)
+def headline(metrics: dict[str, float]) -> tuple[str | None, float | None]:
+    """The metric that stands for a task (of :func:`scorer_metrics`): ``accuracy``, else the first one."""
     name = "accuracy" if "accuracy" in metrics else next(iter(metrics), None)
     return name, (metrics[name] if name is not None else None)
 
@@ -295,12 +294,13 @@ def run_task(task: EvalTask, args: argparse.Namespace) -> dict:
     except Exception as exc:  # noqa: BLE001 - reported as this task's result, the other tasks still run
         result.update(status="error", error=f"{type(exc).__name__}: {exc}")
     else:
-        metric, value = headline(log)
+        metrics = scorer_metrics(log)
+        metric, value = headline(metrics)
         result.update(
             status=log.status,
             metric=metric,
             value=value,
-            metrics=scorer_metrics(log),
+            metrics=metrics,
             samples=log.results.completed_samples if log.results is not None else 0,
             log=log.location,
         )
