@@ -319,15 +319,11 @@ MATH_TARGETS = {
 
 
 def _clear_math_caches() -> None:
-    from rewards import latex_eval, math_equivalence
+    from rewards import math_equivalence
 
     verifiable._normalized_gold.cache_clear()
     verifiable._gold_answer.cache_clear()
-    math_equivalence._math_equal.cache_clear()
-    math_equivalence._parts.cache_clear()
-    latex_eval.evaluate.cache_clear()
-    latex_eval.tokenize.cache_clear()
-    math_equivalence.symbolic_equal.cache_clear()
+    math_equivalence.clear_caches()
 
 
 def _share(indices: list[int], scores: list, value: float) -> float | None:

@@ -73,6 +73,14 @@ def completion_text(completion: Any) -> str:
         return ""
     if isinstance(completion, str):
         return completion
+    if type(completion) is list and len(completion) == 1:  # one assistant message (GRPO's usual): no joining
+        message = completion[0]
+        if (
+            type(message) is dict
+            and type(content := message.get("content")) is str
+            and message.get("role", "assistant") == "assistant"
+        ):
+            return content
     if isinstance(completion, dict):
         completion = [completion]
     texts = [

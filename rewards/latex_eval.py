@@ -26,7 +26,10 @@ POINTS = (
 """Where expressions with variables are compared: up to six variables, in alphabetical order, take these values."""
 
 _TOKEN = re.compile(
-    r"(?P<num>\d+\.?\d*|\.\d+)|(?P<cmd>\\(?:arcsin|arccos|arctan|sin|cos|tan|cot|sec|csc|ln|log|exp)(?![a-z]*\{)|\\[a-z]+)|(?P<var>[a-z])|(?P<op>[-+*/^(){}\[\]%!])"
+    r"\d+\.?\d*|\.\d+"  # a number
+    r"|\\(?:arcsin|arccos|arctan|sin|cos|tan|cot|sec|csc|ln|log|exp)(?![a-z]*\{)|\\[a-z]+"  # a command
+    r"|[a-z]"  # a variable
+    r"|[-+*/^(){}\[\]%!]"  # an operator or a bracket
 )
 _MUL = {"\\cdot", "\\times", "\\ast"}
 _DIV = {"\\div"}
@@ -44,33 +47,38 @@ _FUNCTIONS = {
 """Functions the evaluator reads (radians, natural log), as sympy and math_verify read them."""
 
 
+_TIMES = frozenset({"*", *_MUL})
+_OVER = frozenset({"/", *_DIV})
+_ATOM_STARTS = frozenset({"(", "{", "\\frac", "\\binom", "\\sqrt", "\\pi", *_GREEK, *_FUNCTIONS})
+
+
 class Unreadable(Exception):
     """The evaluator cannot read this expression: the symbolic fallback decides."""
 
 
 @lru_cache(maxsize=65536)
 def tokenize(s: str) -> tuple[str, ...]:
-    out, i = [], 0
-    while i < len(s):
-        m = _TOKEN.match(s, i)
-        if not m:
-            raise Unreadable(s[i:])
-        out.append(m.group(0))
-        i = m.end()
-    return tuple(out)
+    tokens = _TOKEN.findall(s)
+    if sum(map(len, tokens)) != len(s):  # findall skipped what no token matches: find where
+        i = 0
+        while (m := _TOKEN.match(s, i)) is not None:
+            i = m.end()
+        raise Unreadable(s[i:])
+    return tuple(tokens)
 
 
 class _Parser:
     """A recursive-descent evaluator of one LaTeX expression at one point (variables -> values)."""
 
-    def __init__(self, tokens: list[str], point: dict[str, complex]):
-        self.t, self.i, self.point = tokens, 0, point
-
-    def peek(self) -> str | None:
-        return self.t[self.i] if self.i < len(self.t) else None
+    def __init__(self, tokens: tuple[str, ...], point: dict[str, complex]):
+        self.t, self.i, self.point = (
+            (*tokens, None),
+            0,
+            point,
+        )  # None ends the tokens: self.t[self.i] is the next
 
     def take(self, expected: str | None = None) -> str:
-        token = self.peek()
+        token = self.t[self.i]
         if token is None or (expected is not None and token != expected):
             raise Unreadable(f"expected {expected!r}")
         self.i += 1
@@ -78,13 +86,13 @@ class _Parser:
 
     def parse(self):
         value = self.sum()
-        if self.peek() is not None:
-            raise Unreadable(f"left over {self.peek()!r}")
+        if self.t[self.i] is not None:
+            raise Unreadable(f"left over {self.t[self.i]!r}")
         return value
 
     def sum(self):
         value = self.product()
-        while self.peek() in ("+", "-"):
+        while self.t[self.i] in ("+", "-"):
             op = self.take()
             right = self.product()
             value = value + right if op == "+" else value - right
@@ -93,11 +101,11 @@ class _Parser:
     def product(self):
         value = self.unary()
         while True:
-            token = self.peek()
-            if token in ("*", *_MUL):
+            token = self.t[self.i]
+            if token in _TIMES:
                 self.take()
                 value = value * self.unary()
-            elif token in ("/", *_DIV):
+            elif token in _OVER:
                 self.take()
                 right = self.unary()
                 if right == 0:
@@ -111,39 +119,39 @@ class _Parser:
     @staticmethod
     def _starts_atom(token: str) -> bool:
         return (
-            token in ("(", "{", "\\frac", "\\binom", "\\sqrt", "\\pi", *_GREEK, *_FUNCTIONS)
+            token in _ATOM_STARTS
             or token[0].isdigit()
             or token[0] == "."
             or (len(token) == 1 and token.isalpha())
         )
 
     def unary(self):
-        if self.peek() == "-":
+        if self.t[self.i] == "-":
             self.take()
             return -self.unary()
-        if self.peek() == "+":
+        if self.t[self.i] == "+":
             self.take()
             return self.unary()
         return self.power()
 
     def power(self):
         base = self.atom()
-        if self.peek() == "!":
+        if self.t[self.i] == "!":
             self.take()
             if not (isinstance(base, Fraction) and base.denominator == 1 and 0 <= base <= 5000):
                 raise Unreadable("factorial")
             base = Fraction(math.factorial(int(base)))
-        if self.peek() == "%":
+        if self.t[self.i] == "%":
             self.take()
             base = base / 100 if isinstance(base, Fraction) else base / 100.0
-        if self.peek() == "^":
+        if self.t[self.i] == "^":
             self.take()
-            exponent = self.group() if self.peek() == "{" else self.unary_atom()
+            exponent = self.group() if self.t[self.i] == "{" else self.unary_atom()
             return _pow(base, exponent)
         return base
 
     def unary_atom(self):
-        if self.peek() == "-":
+        if self.t[self.i] == "-":
             self.take()
             return -self.atom()
         return self.atom()
@@ -151,7 +159,7 @@ class _Parser:
     def argument(self):
         """A function's argument: the atoms that follow it without an operator (``\\sin 2x`` is sin(2x))."""
         value = self.power()
-        while (token := self.peek()) is not None and self._starts_atom(token) and token not in _FUNCTIONS:
+        while (token := self.t[self.i]) is not None and self._starts_atom(token) and token not in _FUNCTIONS:
             value = value * self.power()
         return value
 
@@ -164,7 +172,7 @@ class _Parser:
     def atom(self):
         token = self.take()
         if token[0].isdigit() or token[0] == ".":
-            return Fraction(token)
+            return _decimal(token)
         if token in ("(", "["):
             value = self.sum()
             self.take(")" if token == "(" else "]")
@@ -189,7 +197,7 @@ class _Parser:
                 raise Unreadable("binom")
             return Fraction(math.comb(int(n), int(k)))
         if token == "\\sqrt":
-            if self.peek() == "[":
+            if self.t[self.i] == "[":
                 self.take("[")
                 degree = self.sum()
                 self.take("]")
@@ -199,9 +207,9 @@ class _Parser:
             return cmath.pi
         if token in _FUNCTIONS:
             exponent = None
-            if self.peek() == "^":  # \sin^2 x
+            if self.t[self.i] == "^":  # \sin^2 x
                 self.take()
-                exponent = self.group() if self.peek() == "{" else self.atom()
+                exponent = self.group() if self.t[self.i] == "{" else self.atom()
             value = complex(_FUNCTIONS[token](complex(self.argument())))
             return value if exponent is None else _pow(value, exponent)
         if token == "e":
@@ -259,7 +267,38 @@ def variable_names(tokens: list[str]) -> list[str]:
     return sorted({t for t in tokens if t in _GREEK or (len(t) == 1 and t.isalpha() and t != "e")})
 
 
+_FAILURES = (Unreadable, ValueError, ZeroDivisionError, OverflowError, RecursionError, MemoryError, TypeError)
+
+
 @lru_cache(maxsize=65536)
+def _names(s: str, variables: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The variables ``s`` is evaluated over (its own and ``variables``), or None when it cannot be read."""
+    if _simple_value(s) is not None:
+        names = tuple(sorted(set(variables)))
+    else:
+        try:
+            names = tuple(sorted(set(variable_names(tokenize(s))) | set(variables)))
+        except Unreadable:
+            return None
+    return None if len(names) > len(POINTS[0]) else names
+
+
+@lru_cache(maxsize=65536)
+def value_at(s: str, variables: tuple[str, ...] = (), point: int = 0):
+    """The value of ``s`` at ``POINTS[point]`` (its only value when it has no variable), or None when the
+    evaluator cannot read it there."""
+    names = _names(s, variables)
+    if names is None:
+        return None
+    simple = _simple_value(s)
+    if simple is not None:  # a number or a fraction of two (most answers): the parser's value, without it
+        return simple
+    try:
+        return _Parser(tokenize(s), dict(zip(names, POINTS[point], strict=False))).parse()
+    except _FAILURES:
+        return None
+
+
 def evaluate(s: str, variables: tuple[str, ...] = ()) -> tuple | None:
     r"""The values of canonical expression ``s`` at :data:`POINTS` (one value when it has no variable), or
     None when the evaluator cannot read it. Exact (a ``Fraction``) for rational arithmetic.
@@ -270,16 +309,54 @@ def evaluate(s: str, variables: tuple[str, ...] = ()) -> tuple | None:
         >>> evaluate("-1.5\\times10^{2}")
         (Fraction(-150, 1),)
     """
-    try:
-        tokens = tokenize(s)
-        names = sorted(set(variable_names(tokens)) | set(variables))
-        if len(names) > len(POINTS[0]):
-            return None
-        if not names:
-            return (_Parser(tokens, {}).parse(),)
-        return tuple(_Parser(tokens, dict(zip(names, point, strict=False))).parse() for point in POINTS)
-    except (Unreadable, ValueError, ZeroDivisionError, OverflowError, RecursionError, MemoryError, TypeError):
+    names = _names(s, variables)
+    if names is None:
         return None
+    values = tuple(value_at(s, variables, k) for k in range(len(POINTS) if names else 1))
+    return None if None in values else values
+
+
+def same_everywhere(a: str, b: str, variables: tuple[str, ...] = ()) -> bool | None:
+    """Whether ``a`` and ``b`` take the same value at every point (False at the first point where they differ,
+    without evaluating the rest); None when either cannot be read."""
+    names_a, names_b = _names(a, variables), _names(b, variables)
+    if names_a is None or names_b is None:
+        return None
+    for k in range(len(POINTS) if names_a or names_b else 1):
+        x, y = value_at(a, variables, k), value_at(b, variables, k)
+        if x is None or y is None:
+            return None
+        if not same_value(x, y):
+            return False
+    return True
+
+
+_NUMBER = r"(?:\d+\.?\d*|\.\d+)"  # the tokenizer's number
+_SIMPLE = re.compile(rf"(-?)(?:({_NUMBER})|\\frac\{{({_NUMBER})\}}\{{({_NUMBER})\}})")
+
+
+@lru_cache(maxsize=65536)
+def _simple_value(s: str) -> Fraction | None:
+    r"""The exact value of ``s`` when it is a signed number or ``\frac`` of two numbers, as the parser reads it;
+    None for anything else (a zero denominator included: the parser decides)."""
+    m = _SIMPLE.fullmatch(s)
+    if m is None:
+        return None
+    sign, number, top, bottom = m.groups()
+    if number is not None:
+        value = _decimal(number)
+    else:
+        denominator = _decimal(bottom)
+        if not denominator:
+            return None
+        value = _decimal(top) / denominator
+    return -value if sign else value
+
+
+def _decimal(number: str) -> Fraction:
+    """``Fraction(number)`` for the tokenizer's numbers (``12``, ``1.50``, ``.5``, ``3.``), without its regex."""
+    whole, _, part = number.partition(".")
+    return Fraction(int(whole + part) if whole or part else 0, 10 ** len(part))
 
 
 def same_value(a, b) -> bool:

@@ -15,7 +15,7 @@ object. Three steps, the first that decides wins:
    ``\sqrt``, ``\pi`` or a non-integer power appear; expressions with variables are compared at
    three fixed points.
 3. **Symbolic fallback** for what the evaluator cannot read (``\sin``, matrices, ...):
-   ``math_verify.verify`` in a separate process with a per-pair time limit; a timeout or a crash
+   ``math_verify.verify`` (:mod:`rewards.math_fallback`) with a per-pair time limit; a timeout or a crash
    gives None (the reward abstains), never a silent 0.0 or 1.0. Results are cached.
 
 Example:
@@ -29,22 +29,24 @@ Example:
 
 from __future__ import annotations
 
-import logging
-import math
-import multiprocessing
 import re
-import threading
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from fractions import Fraction
 from functools import lru_cache
+from typing import NamedTuple
 
-from rewards.latex_eval import Unreadable, evaluate, same_value, tokenize, variable_names
+from rewards.latex_eval import (
+    Unreadable,
+    _names,
+    _simple_value,
+    evaluate,
+    same_everywhere,
+    same_value,
+    tokenize,
+    value_at,
+    variable_names,
+)
+from rewards.math_fallback import symbolic_equal
 
-logger = logging.getLogger(__name__)
-
-FALLBACK_TIMEOUT_S = 5.0
-"""Seconds one symbolic comparison may take before the pair gets None."""
 # --------------------------------------------------------------------------- 1. canonical strings
 
 _SPACING = re.compile(r"(?<!\\)\\(?:left|right|displaystyle|textstyle|!|,|;|:|\s)|~")
@@ -66,6 +68,7 @@ _GROUPING = re.compile(r"(?<=\d)(?:\{,\}|,\\!)(?=\d{3})")  # 3{,}000 and 3,\!000
 _SUBSCRIPT = re.compile(r"_\{(\w+)\}")
 _AND_OR = re.compile(r"\s+(?:and|or)\s+")
 _SPACES = re.compile(r"\s+")
+_LETTER = re.compile("[a-z]")
 _WORD = re.compile(r"[a-z]{2,}")
 _AS_WRITTEN = re.compile(r"\\(?:overline|angle|triangle|mathbb|underline|vec|hat|bar|circ)(?![a-z])")
 _WORDS = re.compile(r"(?<![\\a-z])[a-z]{3,}")
@@ -73,11 +76,19 @@ _RELATION = re.compile(r"[=<>]|\\(?:in|le|ge|leq|geq|neq|ne|lt|gt|pm|mp|subset|s
 
 
 _ARITHMETIC = re.compile(r"[\d.,+\-*/()\[\]{}^ ]*")  # what _parts needs no LaTeX step for
+_SHAPE = re.compile(
+    r"(?:([a-zA-Z])\s*=\s*)?(-?(?:\d+(?:\.\d+)?|\\[dt]?frac\{\d+\}\{\d+\}))\s*"
+    r"(?:\\(?:text|mbox|mathrm)\s*\{\s*([a-zA-Z]{2,}(?: [a-zA-Z]+)*)\s*\}|\^\s*\{?\s*\\circ\s*\}?)?"
+)
+"""The answers models write most (a number or a fraction, maybe named, with a unit or a degree sign): one match
+gives their parts (tests/rewards/test_math_equivalence.py checks them against :func:`_latex_parts`)."""
+_DECIMAL = re.compile(r"-?\d+(?:\.\d+)?")
 _BASE = re.compile(r"\d+_\d+")  # canonical 506_{7}: 506 in base 7
 _PLAIN = re.compile(r"-?(?:[1-9]\d{0,2}(?:,\d{3})+|\d+)(?:\.\d+)?")
 """A plain decimal number (thousands commas allowed): compared exactly, before any canonical form."""
 
 
+@lru_cache(maxsize=65536)
 def _plain_number(text: str) -> str | None:
     """A plain number's exact canonical digits (``-1,000.50`` -> ``-1000.5``), or None for anything else."""
     text = text.strip().strip("$").strip()
@@ -94,38 +105,65 @@ def _plain_number(text: str) -> str | None:
 def _parts(text: str) -> tuple[str, str, str]:
     r"""``(canonical value, its unit, its variable prefix)``: ``x = 10\text{ cm}`` -> ``("10", "cm", "x")``."""
     s = text.strip().strip("$").strip()
+    if _DECIMAL.fullmatch(s):  # 12, -3.50: its own canonical form
+        return s, "", ""
     if _ARITHMETIC.fullmatch(s):  # digits and operators only (most answers): no LaTeX, unit or name to remove
         s = _grouped(" ".join(_GROUPING.sub("", s).split()).rstrip(".").strip())
         return _strip_braces(_SPACES.sub("", s)), "", ""
+    shape = _SHAPE.fullmatch(s)
+    if shape:  # x = 5, 5\text{ cm}, 30^\circ, \dfrac{1}{2}: what every step of _latex_parts makes of them
+        name, value, unit = shape.groups()
+        unit = unit.lower().replace(" ", "") if unit else ""
+        value = value.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+        return value, (unit.rstrip("s") if len(unit) > 2 else unit), name.lower() if name else ""
     return _latex_parts(s)
 
 
 def _latex_parts(s: str) -> tuple[str, str, str]:
-    """:func:`_parts` of an answer with LaTeX, words or units in it (every step)."""
-    s = _GROUPING.sub("", s).replace("\\$", "").replace("\\%", "%")
-    s = _SPACING.sub(" ", s)
-    s = _DEGREES.sub("", s)
+    """:func:`_parts` of an answer with LaTeX, words or units in it (every step; a step whose pattern needs a
+    character the answer lacks is skipped: no step writes a backslash into an answer that had none)."""
+    if "," in s:
+        s = _GROUPING.sub("", s)
+    latex = "\\" in s
     unit = ""
-    tail = _TEXT_UNIT.match(s)
-    if tail and re.search(r"(?:[\d}]|\\pi)\s*$", tail.group(1)) and len(tail.group(2).strip()) > 1:
-        s, unit = tail.group(1), tail.group(2)  # a unit after a value: "10\text{ cm}"
-    s = _TEXT.sub(r"\1", s)
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac")
-    s = s.replace("\\dbinom", "\\binom").replace("\\tbinom", "\\binom")
-    s = _FRAC_SHORT.sub(lambda m: f"\\frac{{{m.group(1).strip('{}')}}}{{{m.group(2).strip('{}')}}}", s)
-    s = _SQRT_SHORT.sub(r"\\sqrt{\1}", s)
+    if latex:
+        s = s.replace("\\$", "").replace("\\%", "%")
+        s = _SPACING.sub(" ", s)
+    elif "~" in s:
+        s = s.replace("~", " ")
+    if "circ" in s or "degree" in s or "°" in s:
+        s = _DEGREES.sub("", s)
+    if latex:
+        tail = _TEXT_UNIT.match(s)
+        if tail and re.search(r"(?:[\d}]|\\pi)\s*$", tail.group(1)) and len(tail.group(2).strip()) > 1:
+            s, unit = tail.group(1), tail.group(2)  # a unit after a value: "10\text{ cm}"
+        s = _TEXT.sub(r"\1", s)
+        if "frac" in s:
+            s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac")
+            s = _FRAC_SHORT.sub(
+                lambda m: f"\\frac{{{m.group(1).strip('{}')}}}{{{m.group(2).strip('{}')}}}", s
+            )
+        if "binom" in s:
+            s = s.replace("\\dbinom", "\\binom").replace("\\tbinom", "\\binom")
+        if "sqrt" in s:
+            s = _SQRT_SHORT.sub(r"\\sqrt{\1}", s)
     s = " ".join(s.split()).lower().rstrip(".").strip()
-    prefix = _PREFIX.match(s)
+    prefix = _PREFIX.match(s) if "=" in s else None
     if prefix:
         s = s[prefix.end() :]
-    tail_unit = _UNIT_TAIL.match(s)
+    tail_unit = _UNIT_TAIL.match(s) if _LETTER.search(s) else None
     if tail_unit:
         s, unit = tail_unit.group(1), tail_unit.group(2)
     s = _grouped(s)
-    s = _AND_OR.sub(",", s)
-    s = _MIXED.sub(lambda m: f"({m.group(1)}+\\frac{{{m.group(2)}}}{{{m.group(3)}}})", s)
-    s = _strip_braces(_SUBSCRIPT.sub(r"_\1", _SPACES.sub("", s)))
-    unit = re.sub(r"[\s.]+", "", unit.lower())
+    if " and " in s or " or " in s:
+        s = _AND_OR.sub(",", s)
+    if latex and "frac" in s:
+        s = _MIXED.sub(lambda m: f"({m.group(1)}+\\frac{{{m.group(2)}}}{{{m.group(3)}}})", s)
+    s = s.replace(" ", "")  # the only whitespace left after the join above
+    if "_{" in s:
+        s = _SUBSCRIPT.sub(r"_\1", s)
+    s = _strip_braces(s)
+    unit = re.sub(r"[\s.]+", "", unit.lower()) if unit else ""
     prefix_name = prefix.group(1).replace(" ", "") if prefix else ""
     return s, (unit.rstrip("s") if len(unit) > 2 else unit), prefix_name
 
@@ -212,41 +250,78 @@ def _percent_forms(s: str, other: str) -> list[str]:
     return [s]
 
 
+class _Traits(NamedTuple):
+    """What :func:`_decide` asks of one canonical answer, worked out once per answer."""
+
+    matrix: list[list[str]] | None
+    begin: bool  # \begin{...} that is not one matrix
+    as_written: bool  # a ratio, a time or words: compared as written
+    base: bool  # 506_7
+    union: bool
+    relation: bool  # =, <, \in, \pm, ... (\cup is no relation here)
+    equation: bool
+    index: bool  # an index or \overline, \angle, ...
+    sequence: tuple[str, list[str]] | None
+    word: bool
+
+
+@lru_cache(maxsize=65536)
+def _traits(s: str) -> _Traits:
+    return _Traits(
+        matrix=_matrix(s),
+        begin="\\begin" in s,
+        as_written=":" in s or bool(_WORDS.search(s)),
+        base=bool(_BASE.fullmatch(s)),
+        union="\\cup" in s,
+        relation=bool(_RELATION.search(s.replace("\\cup", ""))),
+        equation=_equation(s),
+        index="_" in s or bool(_AS_WRITTEN.search(s)),
+        sequence=_sequence(s),
+        word=bool(_WORD.fullmatch(s)),
+    )
+
+
 def _decide(a: str, g: str) -> bool | None:
     """Steps 1-2 for canonical strings; None: the evaluator cannot decide (the fallback does)."""
     if a == g:
         return True
-    matrix_a, matrix_g = _matrix(a), _matrix(g)
+    value_a, value_g = _simple_value(a), _simple_value(g)
+    if value_a is not None and value_g is not None:
+        return value_a == value_g  # two numbers or fractions: what the steps below conclude, exactly
+    if not (a.endswith("%") or g.endswith("%")):
+        # Two values the evaluator reads that differ where it first looks: every step below says False too (the
+        # steps that could say True or None need an answer it cannot read), so none of them runs.
+        names = tuple(sorted(set(_var_names(a) or ()) | set(_var_names(g) or ())))
+        x, y = value_at(a, names), value_at(g, names)
+        if x is not None and y is not None and not same_value(x, y):
+            return False
+    ta, tg = _traits(a), _traits(g)
+    matrix_a, matrix_g = ta.matrix, tg.matrix
     if matrix_a is not None or matrix_g is not None:
         if matrix_a is None or matrix_g is None or [len(r) for r in matrix_a] != [len(r) for r in matrix_g]:
             return (
                 False
-                if (matrix_a is not None or "\\begin" not in a)
-                and (matrix_g is not None or "\\begin" not in g)
+                if (matrix_a is not None or not ta.begin) and (matrix_g is not None or not tg.begin)
                 else None
             )
         return _all_items([x for r in matrix_a for x in r], [y for r in matrix_g for y in r])
-    if ":" in a or ":" in g or _WORDS.search(a) or _WORDS.search(g):
+    if ta.as_written or tg.as_written:
         return False  # ratios, times and words are compared as written
-    if _BASE.fullmatch(a) or _BASE.fullmatch(g):
+    if ta.base or tg.base:
         return False  # a number in another base (506_7) is its own canonical form: the question asked for it
-    union_a, union_g = "\\cup" in a, "\\cup" in g
-    relation_a = _RELATION.search(a.replace("\\cup", ""))  # \cup itself is no relation here
-    relation_g = _RELATION.search(g.replace("\\cup", ""))
-    if union_a != union_g and not (relation_a or relation_g):
+    if ta.union != tg.union and not (ta.relation or tg.relation):
         return (
             False  # a union of intervals is never one interval or an expression (x < 2 or x > 3 may be one)
         )
-    if (_equation(a) and not relation_g) or (_equation(g) and not relation_a):
+    if (ta.equation and not tg.relation) or (tg.equation and not ta.relation):
         return False  # an equation (a plane, a line) is never a bare expression
-    if union_a != union_g:
+    if ta.union != tg.union:
         return False if _is_number(a) or _is_number(g) else None
-    relation_a, relation_g = relation_a or union_a, relation_g or union_g
-    if "_" in a or "_" in g or _AS_WRITTEN.search(a + g) or relation_a or relation_g:
+    if ta.index or tg.index or ta.relation or tg.relation or ta.union or tg.union:
         # an index, \overline, x \in S, a \pm b: never one plain number; against anything else the symbolic
         # fallback decides
         return False if _is_number(a) or _is_number(g) else None
-    seq_a, seq_g = _sequence(a), _sequence(g)
+    seq_a, seq_g = ta.sequence, tg.sequence
     if seq_a or seq_g:
         if not (seq_a and seq_g):
             return False  # a tuple, an interval or a list of solutions is never one value
@@ -255,18 +330,16 @@ def _decide(a: str, g: str) -> bool | None:
         if seq_a[0] != "set":
             return _all_items(seq_a[1], seq_g[1])
         return _same_set(seq_a[1], seq_g[1])
-    if _WORD.fullmatch(a) or _WORD.fullmatch(g):
+    if ta.word or tg.word:
         return False  # a word ("east", "odd") is its own canonical form
     undecided = False
     for form_a in _percent_forms(a, g):
         for form_g in _percent_forms(g, a):
             names = tuple(sorted(set(_var_names(form_a) or ()) | set(_var_names(form_g) or ())))
-            va, vg = evaluate(form_a, names), evaluate(form_g, names)
-            if va is None or vg is None:
-                undecided = True
-                continue
-            if all(same_value(x, y) for x, y in zip(va, vg, strict=True)):
+            same = same_everywhere(form_a, form_g, names)
+            if same:
                 return True
+            undecided = undecided or same is None
     return None if undecided else False
 
 
@@ -280,6 +353,7 @@ def _equation(s: str) -> bool:
     return right == "0" or any(op in top[1:] for op in "+-")
 
 
+@lru_cache(maxsize=65536)
 def _is_number(s: str) -> bool:
     """``s`` evaluates to one value without variables."""
     value = evaluate(s)
@@ -305,6 +379,7 @@ def _matrix(s: str) -> list[list[str]] | None:
     return [row.split("&") for row in rows]
 
 
+@lru_cache(maxsize=65536)
 def _var_names(s: str) -> list[str] | None:
     """The variables of ``s`` (sorted), or None when it cannot be read."""
     try:
@@ -326,108 +401,6 @@ def _same_set(xs: list[str], ys: list[str]) -> bool | None:
                 continue
             return False
     return None if undecided else True
-
-
-# --------------------------------------------------------------------------- 3. the symbolic fallback
-
-_POOL: ProcessPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _verify(answer: str, gold: str) -> bool:
-    """math_verify's parse and verify, bounded from outside (signal timeouts work on a main thread only)."""
-    from math_verify import parse, verify
-
-    parsed_gold = parse(f"${gold}$", parsing_timeout=None, raise_on_error=True)
-    parsed = parse(f"${answer}$", parsing_timeout=None, raise_on_error=True)
-    return bool(verify(parsed_gold, parsed, timeout_seconds=None, raise_on_error=True))
-
-
-def _pool() -> ProcessPoolExecutor:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        return _POOL
-
-
-def _reset_pool() -> None:
-    """A worker stuck past its limit is killed; the next fallback starts a new one."""
-    global _POOL
-    with _POOL_LOCK:
-        pool, _POOL = _POOL, None
-    if pool is not None:
-        for process in list(getattr(pool, "_processes", {}).values()):
-            process.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _verify_here(answer: str, gold: str, timeout_s: float) -> bool:
-    """math_verify in this process, bounded by its own SIGALRM timeouts (main thread only)."""
-    from math_verify import parse, verify
-
-    seconds = max(1, math.ceil(timeout_s))
-    parsed_gold = parse(f"${gold}$", parsing_timeout=seconds, raise_on_error=True)
-    parsed = parse(f"${answer}$", parsing_timeout=seconds, raise_on_error=True)
-    return bool(verify(parsed_gold, parsed, timeout_seconds=seconds, raise_on_error=True))
-
-
-def _verify_in_thread(answer: str, gold: str, timeout_s: float) -> bool | None:
-    """math_verify in a daemon thread, waited for ``timeout_s`` seconds (a daemonic process, such as async GRPO's
-    rollout child, cannot start the pool's process). A thread past its limit is left to finish; the pair gets
-    None."""
-    box: dict = {}
-
-    def work() -> None:
-        try:
-            box["verdict"] = _verify(answer, gold)
-        except Exception as exc:  # noqa: BLE001 - reported below as None
-            box["error"] = exc
-
-    thread = threading.Thread(target=work, daemon=True, name="math-equivalence-fallback")
-    thread.start()
-    thread.join(timeout_s)
-    if "verdict" in box:
-        return box["verdict"]
-    why = box.get("error") or f"no verdict within {timeout_s:g} s"
-    logger.warning("Math equivalence: %r vs %r: %s; the sample gets None.", answer, gold, why)
-    return None
-
-
-@lru_cache(maxsize=16384)
-def symbolic_equal(answer: str, gold: str, timeout_s: float = FALLBACK_TIMEOUT_S) -> bool | None:
-    """math_verify's verdict on a pair, within ``timeout_s`` seconds; None on a timeout or a failure.
-
-    On the main thread it runs here, bounded by math_verify's SIGALRM timeouts; elsewhere (an event
-    loop's thread, where signals cannot be set) in a one-process pool, bounded by the wait for its result
-    (a stuck worker is killed); in a daemonic process, which cannot start one, in a thread waited for.
-    """
-    if threading.current_thread() is threading.main_thread():
-        from math_verify.errors import TimeoutException  # a BaseException: `except Exception` lets it through
-
-        try:
-            return _verify_here(answer, gold, timeout_s)
-        except (Exception, TimeoutException) as exc:  # a timeout or a parse error: never a silent verdict
-            logger.warning(
-                "Math equivalence: %r vs %r: %s; the sample gets None.", answer, gold, exc or type(exc)
-            )
-            return None
-
-    if multiprocessing.current_process().daemon:  # async GRPO's rollout child: no child processes allowed
-        return _verify_in_thread(answer, gold, timeout_s)
-    try:
-        future = _pool().submit(_verify, answer, gold)
-        return future.result(timeout=timeout_s)
-    except FutureTimeout:
-        logger.warning(
-            "Math equivalence: %r vs %r took over %g s; the sample gets None.", answer, gold, timeout_s
-        )
-        _reset_pool()
-        return None
-    except Exception as exc:  # a crashed worker or a math_verify error: never a silent verdict
-        logger.warning("Math equivalence: %r vs %r failed (%s); the sample gets None.", answer, gold, exc)
-        _reset_pool()
-        return None
 
 
 def math_equal(answer: str, gold: str) -> bool | None:
@@ -454,3 +427,10 @@ def _math_equal(a: str, g: str) -> bool | None:
     if verdict is not None:
         return verdict
     return symbolic_equal(a, g)
+
+
+def clear_caches() -> None:
+    """Empty every cache of this module and of :mod:`rewards.latex_eval` (benchmarks time a cold start)."""
+    caches = (_plain_number, _parts, _traits, _is_number, _var_names, _math_equal, symbolic_equal)
+    for cached in (*caches, value_at, _names, tokenize, _simple_value):
+        cached.cache_clear()

@@ -51,6 +51,13 @@ EQUIVALENCES = ("exact", "math")
 logger = logging.getLogger(__name__)
 
 _BOXED = "\\boxed{"
+_GROUPING_MARK = re.compile(r"\\.|[{}]", re.DOTALL)  # an escape (two characters) or a brace
+_PLAIN_PART = r"(?:[^{}\\]|\\.)"  # a character that is no brace, or an escaped one
+_GROUP_BODY = re.compile(
+    rf"((?:{_PLAIN_PART}|\{{(?:{_PLAIN_PART}|\{{(?:{_PLAIN_PART}|\{{{_PLAIN_PART}*\}})*\}})*\}})*)\}}",
+    re.DOTALL,
+)
+"""A group's body and its closing brace, with groups nested up to three deep inside (deeper: the loop below)."""
 
 
 def extract_boxed(text: str) -> str | None:
@@ -70,20 +77,19 @@ def extract_boxed(text: str) -> str | None:
         if start < 0:
             return None
         body = start + len(_BOXED)
-        depth, i, n = 1, body, len(text)
-        while i < n:
-            char = text[i]
-            if char == "\\":
-                i += 2  # an escaped character, e.g. \{ or \}, is content, not grouping
-                continue
+        group = _GROUP_BODY.match(text, body)
+        if group:  # groups nested up to three deep (nearly every answer): one match
+            return group.group(1).strip() or None
+        depth = 1
+        for mark in _GROUPING_MARK.finditer(text, body):
+            char = mark.group()
             if char == "{":
                 depth += 1
             elif char == "}":
                 depth -= 1
                 if depth == 0:
-                    answer = text[body:i].strip()
-                    return answer or None
-            i += 1
+                    return text[body : mark.start()].strip() or None
+            # else an escaped character, e.g. \{ or \}: content, not grouping (the pattern takes both)
         end = start  # unclosed: try the previous \boxed{
 
 
@@ -224,6 +230,8 @@ def _gold_answer(extractor: str, gold: str) -> str:
 
 def _gold_string(value: Any) -> str | None:
     """A gold cell as a non-empty string, or None when it is missing or empty."""
+    if type(value) is str:
+        return value if value.strip() else None
     if value is None:
         return None
     if isinstance(value, float) and value != value:  # NaN from a pandas-backed column
@@ -263,22 +271,28 @@ class StringMatchReward(Reward):
         )
         if golds is None:
             return [None] * n
-        extract = EXTRACTORS[self.extractor]
-        scores: list[float | None] = []
-        for completion, gold, applies_here in zip(completions, golds, applies, strict=True):
+        extract, gold_extractor, math = (
+            EXTRACTORS[self.extractor],
+            self.gold_extractor,
+            self.equivalence == "math",
+        )
+        scores: list[float | None] = [None] * n
+        undecided = []  # (index, answer, gold text): equal in another form? (equivalence: math)
+        for i, (completion, gold, applies_here) in enumerate(zip(completions, golds, applies, strict=True)):
             gold_text = _gold_string(gold) if applies_here else None
-            gold_norm = _normalized_gold(self.gold_extractor, gold_text) if gold_text is not None else None
+            gold_norm = _normalized_gold(gold_extractor, gold_text) if gold_text is not None else None
             if gold_norm is None:
-                scores.append(None)
                 continue
             answer = extract(completion_text(completion))
             if answer is not None and normalize_answer(answer) == gold_norm:
-                scores.append(1.0)
-            elif answer is None or self.equivalence == "exact":
-                scores.append(0.0)
-            else:  # math: the same number or object in another form; None when undecidable in time
-                verdict = math_equal(answer, _gold_answer(self.gold_extractor, gold_text))
-                scores.append(None if verdict is None else float(verdict))
+                scores[i] = 1.0
+                continue
+            scores[i] = 0.0
+            if math and answer is not None:
+                undecided.append((i, answer, gold_text))
+        for i, answer, gold_text in undecided:  # None when undecidable in time
+            verdict = math_equal(answer, _gold_answer(gold_extractor, gold_text))
+            scores[i] = None if verdict is None else float(verdict)
         return scores
 
 

@@ -16,8 +16,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rewards import math_equivalence
-from rewards.math_equivalence import canonical, math_equal, symbolic_equal
+from rewards import math_equivalence, math_fallback
+from rewards.math_equivalence import canonical, math_equal
+from rewards.math_fallback import symbolic_equal
 from rewards.verifiable import make_string_match_reward
 
 REPO = Path(__file__).resolve().parents[2]
@@ -254,7 +255,7 @@ def test_a_fallback_out_of_time_gives_none_not_a_verdict():
     thread.start()
     thread.join(60)
     assert result == {"verdict": None}
-    assert math_equivalence._POOL is None  # the stuck worker was killed
+    assert math_fallback._POOL is None  # the stuck worker was killed
 
 
 def test_the_fallback_decides_what_the_evaluator_cannot_read():
@@ -320,3 +321,119 @@ def test_the_fallback_works_in_a_daemonic_process():
     child.start()
     assert queue.get(timeout=120) == [True]
     child.join(30)
+
+
+# --------------------------------------------------------------------------- the fast paths give what the slow ones give
+
+_UNIT_WORDS = ["cm", "CM", "inches", "square feet", "dollars", "km", "hours", "mph", "ab", "ml"]
+
+
+@st.composite
+def _shaped_answers(draw) -> str:
+    """Answers of the shapes models write most: ``x = 5``, ``5\\text{ cm}``, ``30^\\circ``, ``-\\dfrac{1}{2}``."""
+    space = st.sampled_from(["", " ", "  "])
+    number = draw(st.sampled_from(["0", "5", "12", "12.50", "007", "3.0"]))
+    frac = draw(st.sampled_from(["frac", "dfrac", "tfrac"]))
+    value = draw(
+        st.sampled_from([number, f"\\{frac}{{{number.split('.')[0]}}}{{{draw(st.integers(0, 99))}}}"])
+    )
+    text = draw(st.sampled_from(["", "-"])) + value
+    if draw(st.booleans()):
+        text = f"{draw(st.sampled_from(['x', 'X', 'y', 'n']))}{draw(space)}={draw(space)}{text}"
+    tail = draw(st.sampled_from(["", "unit", "degree"]))
+    if tail == "unit":
+        command = draw(st.sampled_from(["text", "mbox", "mathrm"]))
+        text += f"{draw(space)}\\{command}{{{draw(space)}{draw(st.sampled_from(_UNIT_WORDS))}{draw(space)}}}"
+    elif tail == "degree":
+        text += draw(st.sampled_from(["^\\circ", "^{\\circ}", "^ {\\circ}", "^{ \\circ }", "^\\circ}"]))
+    return draw(st.sampled_from(["", "$"])) + text + draw(st.sampled_from(["", "$", " "]))
+
+
+@settings(max_examples=600, deadline=None)
+@given(_shaped_answers())
+def test_the_common_shapes_shortcut_gives_what_every_step_gives(text):
+    """``x = 5``, ``5\\text{ cm}``, ``30^\\circ`` and ``\\dfrac{1}{2}`` are read by one pattern, not every LaTeX step
+    of the canonical form: value, unit and name come out the same."""
+    math_equivalence.clear_caches()
+    stripped = text.strip().strip("$").strip()
+    if not math_equivalence._SHAPE.fullmatch(stripped):
+        return  # e.g. "^\circ}" after a unit: not a shape, the steps read it
+    assert math_equivalence._parts(text) == math_equivalence._latex_parts(stripped), text
+
+
+def _loop_boxed(text: str) -> str | None:
+    """The brace rule written out one character at a time (the reference for extract_boxed's patterns)."""
+    end = len(text)
+    while (start := text.rfind("\\boxed{", 0, end)) >= 0:
+        depth, i = 1, start + len("\\boxed{")
+        while i < len(text):
+            if text[i] == "\\":
+                i += 2
+                continue
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[start + len("\\boxed{") : i].strip() or None
+            i += 1
+        end = start
+    return None
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["{", "}", "\\", "a", "1", " ", "\\boxed{", "\n", "\\{", "\\}", "{{"]), max_size=30
+    )
+)
+def test_extract_boxed_matches_braces_as_the_character_rule_does(pieces):
+    """Nested groups (matched by one pattern up to three deep), escaped braces, a lone backslash and an unclosed
+    ``\\boxed{`` give what the character-by-character brace rule gives."""
+    from rewards.verifiable import extract_boxed
+
+    text = "".join(pieces)
+    assert extract_boxed(text) == _loop_boxed(text), text
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.text(alphabet="0123456789.xyz+-*/^(){}[]%!,=_\\sqrtfacpi ", max_size=20))
+def test_the_tokenizer_reads_what_one_token_at_a_time_reads(text):
+    """Tokens found in one pass are the ones read one at a time from the start; text no token reads is refused
+    from the same place."""
+    from rewards import latex_eval
+
+    latex_eval.tokenize.cache_clear()
+    expected, i = [], 0
+    while i < len(text) and (m := latex_eval._TOKEN.match(text, i)):
+        expected.append(m.group())
+        i = m.end()
+    if i < len(text):
+        with pytest.raises(latex_eval.Unreadable) as refused:
+            latex_eval.tokenize(text)
+        assert str(refused.value) == text[i:]
+    else:
+        assert latex_eval.tokenize(text) == tuple(expected)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.sampled_from(["", "-"]),
+    st.sampled_from(["0", "7", "12.50", ".5", "3.", "007"]),
+    st.sampled_from(["", "0", "4", "2.5", ".25"]),
+    st.sampled_from([(), ("x",), ("x", "y")]),
+)
+def test_a_number_or_a_fraction_is_valued_as_the_parser_values_it(sign, top, bottom, variables):
+    """Numbers and fractions of two skip the parser: the same exact value, at as many points, or None for a
+    zero denominator."""
+    from rewards import latex_eval
+
+    text = sign + (f"\\frac{{{top}}}{{{bottom}}}" if bottom else top)
+    latex_eval.value_at.cache_clear()
+    latex_eval._simple_value.cache_clear()
+    try:
+        parsed = latex_eval._Parser(latex_eval.tokenize(text), {}).parse()
+    except latex_eval.Unreadable:
+        parsed = None
+    assert latex_eval._simple_value(text) in (None, parsed)
+    values = latex_eval.evaluate(text, variables)
+    expected = None if parsed is None else (parsed,) * (len(latex_eval.POINTS) if variables else 1)
+    assert values == expected, text
+    assert all(isinstance(v, Fraction) for v in values or ())
