@@ -89,6 +89,11 @@ TOUCH_POINTS = (
         "tests/test_filter_tasks.py::test_trl_canary_is_async_callable",
     ),
     TouchPoint(
+        "dna_factory/serving/colocate.py",
+        "GRPOTrainer.vllm_generation.llm (TRL's colocated vLLM engine), stopped before the process group",
+        "tests/test_vllm_colocate.py::test_colocated_vllm_samples_with_the_weights_just_trained_and_ends_cleanly",
+    ),
+    TouchPoint(
         "dna_factory/inputs/preview.py",
         "SFTTrainer._prepare_dataset on a stand-in holding the three attributes TRL reads",
         "tests/test_preview.py::test_canary_sft_preview_tokenizes_exactly_as_a_real_sft_trainer",

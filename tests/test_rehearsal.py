@@ -118,6 +118,15 @@ def check_rehearsal(
         f"{recipe_path.name}: the first model input has no dataset question after {marker!r}:\n{first[:600]}"
     )
 
+    # vLLM generation kept (#37 item 3): TRL's vLLM path ran (it logs its sampling metrics), and what the rehearsal
+    # replaced is listed as unchecked
+    if recipe.get("use_vllm") and recipe.get("grpo_execution") != "async":
+        assert resolved["use_vllm"] is True, resolved.get("use_vllm")
+        history = json.loads((run_dir / "log_history.json").read_text())
+        assert any("sampling/sampling_logp_difference/max" in step for step in history), history[:1]
+    if recipe.get("vllm_mode") == "server" or recipe.get("grpo_execution") == "async":
+        assert {"vllm_mode: server", "weight_sync: nccl"} & set(record["unchecked"]), record["unchecked"]
+
     # no dataset label lost all its rows
     labels = {str(d.get("label", d["path"])) if isinstance(d, dict) else d for d in recipe["datasets"]}
     rows = record["rows_per_label"]
@@ -286,9 +295,10 @@ def test_rehearse_dry_run_marks_every_changed_key_and_keeps_the_rest(tmp_path):
     assert printed["model_name_or_path"] == str(REPO / "artifacts/tiny/glm-air")
     assert "# --rehearse" in lines["model_name_or_path"]
     assert printed["auto_resume"] is False  # a rerun rehearses again instead of resuming at step 2
-    assert (
-        printed["max_steps"] == 2 and printed["use_vllm"] is False and printed["max_completion_length"] == 32
-    )
+    assert printed["max_steps"] == 2 and printed["max_completion_length"] == 32
+    # vLLM generation kept: the server mode (NCCL weight sync needs CUDA) becomes vLLM in the trainer's process
+    assert printed["use_vllm"] is True and printed["vllm_mode"] == "colocate"
+    assert "# --rehearse" in lines["vllm_mode"] and "# --rehearse" not in lines["use_vllm"]
     # a random tiny model's groups all tie: one resampling round runs the code, four only cost minutes
     assert printed["dynamic_sampling"] == "resample" and printed["dynamic_sampling_max_rounds"] == 1
     assert "# --rehearse" in lines["dynamic_sampling_max_rounds"]
@@ -300,6 +310,51 @@ def test_rehearse_dry_run_marks_every_changed_key_and_keeps_the_rest(tmp_path):
         d["prompt_template"]
         for d in yaml.safe_load((REPO / "configs/grpo/glm-4.5-air-reasoning.yaml").read_text())["datasets"]
     ]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "unchecked"),
+    [
+        ("grpo/qwen3-0.6B-grpo.yaml", ["vllm_mode: server", "bf16 numerics", "dataset openai/gsm8k"]),
+        ("grpo/qwen3-0.6B-async.yaml", ["weight_sync: nccl", "tree_attention: fa3", "dataset openai/gsm8k"]),
+        ("sft/glm-4.5-air-sft.yaml", ["bf16 numerics", "dataset allenai/tulu-3-sft-mixture"]),
+    ],
+)
+def test_what_a_rehearsal_cannot_check_is_printed(recipe, unchecked):
+    """#37 item 3: every part of the recipe a rehearsal replaced and so cannot check is one `rehearse: unchecked`
+    line (rehearsal.json keeps the same map); a Hub dataset's line names its name/split."""
+    proc = run_cli("grpo.py" if recipe.startswith("grpo") else "sft.py", "--config", f"configs/{recipe}", "--rehearse", "--dry_run")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [
+        line.split("rehearse: unchecked: ", 1)[1]
+        for line in proc.stderr.splitlines()
+        if "rehearse: unchecked: " in line
+    ]
+    for what in unchecked:
+        assert any(line.startswith(what + " (") for line in lines), (what, lines)
+    if "dataset openai/gsm8k" in unchecked:
+        assert any(
+            "name: main, split: train" in line for line in lines if line.startswith("dataset openai/gsm8k")
+        ), lines
+
+
+def test_a_pipeline_rehearsal_prints_the_launchers_and_gpu_roles_it_drops():
+    """Every stage of a pipeline rehearsal runs as one CPU process: its launcher and GPU roles are printed as
+    unchecked, stage by stage."""
+    proc = run_cli("pipeline.py", "--recipe", "configs/recipes/rufus-air.yaml", "--rehearse", "--dry_run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    stages = yaml.safe_load((REPO / "configs/recipes/rufus-air.yaml").read_text())["stages"]
+    for stage in stages:
+        line = next(
+            (x for x in proc.stderr.splitlines() if f"rehearse: unchecked: stage {stage['name']}:" in x), None
+        )
+        assert (
+            line is not None
+            and "launcher accelerate launch --config_file configs/accelerate/zero3.yaml" in line
+        ), (
+            stage["name"],
+            proc.stderr[-3000:],
+        )
 
 
 @pytest.mark.parametrize("steps", ["1", "5"])

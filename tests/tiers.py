@@ -74,6 +74,7 @@ TIERS: dict[str, str] = {
     "tests/test_tiny_model.py": FAST,
     "tests/test_train.py": MIXED,
     "tests/test_trl_pin.py": FAST,
+    "tests/test_vllm_colocate.py": SLOW,
     "tests/test_vllm_server.py": MIXED,
 }
 """Test file (relative to the repository root) -> its tier."""

@@ -98,7 +98,16 @@ def rehearse(
     removed first, so every stage runs again; a folder holding a real pipeline is refused.
     """
 
+    unchecked = {}
     for stage in pipeline.stages:
+        replaced = {"launcher": " ".join(stage.launcher), "gpus": stage.gpus}
+        unchecked[stage.name] = {k: v for k, v in replaced.items() if v}
+        if unchecked[stage.name]:
+            logger.info(
+                "rehearse: unchecked: stage %s: %s (every stage runs as one CPU process)",
+                stage.name,
+                "; ".join(f"{k} {v}" for k, v in unchecked[stage.name].items()),
+            )
         stage.launcher = []
         stage.gpus = {}
         stage.flags.append("--rehearse")
@@ -112,7 +121,8 @@ def rehearse(
     if fresh or not (pipeline.output_dir / REHEARSAL_MARK).is_file():
         claim_output_dir(pipeline.output_dir, mark=REHEARSAL_MARK)  # refuses a real pipeline's folder
     pipeline.output_dir.mkdir(parents=True, exist_ok=True)
-    (pipeline.output_dir / REHEARSAL_MARK).write_text(json.dumps({"recipe": pipeline.name}) + "\n")
+    record = {"recipe": pipeline.name, "unchecked": {k: v for k, v in unchecked.items() if v}}
+    (pipeline.output_dir / REHEARSAL_MARK).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def validate(pipeline: Pipeline, selected: list[PipelineStage]) -> list[dict]:

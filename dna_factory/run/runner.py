@@ -48,6 +48,7 @@ from dna_factory.run.resume import (
     write_fingerprint,
 )
 from dna_factory.run.run_files import LOG_HISTORY, RUN_SUMMARY, hold_output_dir, write_atomic
+from dna_factory.serving.colocate import stop_colocated_vllm
 from dna_factory.stages import Stage, select_stage, variant_foreign_keys
 from dna_factory.stages.base import dataclass_types
 from dna_factory.stages.help import print_help
@@ -102,6 +103,8 @@ def prepare(stage_name: str, argv: list[str], rehearse: bool | None = None) -> t
     if rehearsal is not None:
         for key, reason in rehearsal.reasons.items():
             logger.info("rehearse: %s -> %s (%s)", key, _short(cfg.get(key)), reason)
+        for what, why in rehearsal.unchecked.items():
+            logger.info("rehearse: unchecked: %s (%s)", what, why)
     training_args = cfg.of(stage.config_class)
     if training_args.output_dir in (None, "auto", "trainer_output"):
         training_args.output_dir = auto_output_dir(cfg)
@@ -214,6 +217,7 @@ def _plan_run(stage: Stage, cfg: ResolvedConfig):
                 k: {"was": rehearsal.was[k], "now": cfg.get(k), "why": rehearsal.reasons[k]}
                 for k in rehearsal.layer
             },
+            unchecked=rehearsal.unchecked,
         )
     return plan, fingerprint(stage.name, cfg.values, defaults)
 
@@ -283,6 +287,7 @@ def _finish(stage: Stage, cfg: ResolvedConfig, trainer, result, plan, clock, sto
         write_atomic(Path(output_dir) / LOG_HISTORY, json.dumps(state.log_history, default=str) + "\n")
         write_atomic(Path(output_dir) / RUN_SUMMARY, json.dumps(summary, indent=2, default=str) + "\n")
         logger.info("Saved the final model to %s (global step %d).", output_dir, state.global_step)
+    stop_colocated_vllm(trainer)
     # finish the trackers, destroy the process group (every rank): transformers 5.19's Trainer.end(), which
     # 5.17 (the release vLLM 0.31 accepts) does not have
     trainer.accelerator.end_training()
