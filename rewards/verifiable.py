@@ -52,9 +52,9 @@ logger = logging.getLogger(__name__)
 
 _BOXED = "\\boxed{"
 _GROUPING_MARK = re.compile(r"\\.|[{}]", re.DOTALL)  # an escape (two characters) or a brace
-_PLAIN_PART = r"(?:[^{}\\]|\\.)"  # a character that is no brace, or an escaped one
+_PLAIN_PART = r"(?:[^{}\\]++|\\.)"  # a run of characters that are no brace, or an escaped one (possessive: no backtracking)
 _GROUP_BODY = re.compile(
-    rf"((?:{_PLAIN_PART}|\{{(?:{_PLAIN_PART}|\{{(?:{_PLAIN_PART}|\{{{_PLAIN_PART}*\}})*\}})*\}})*)\}}",
+    rf"((?:{_PLAIN_PART}|\{{(?:{_PLAIN_PART}|\{{(?:{_PLAIN_PART}|\{{{_PLAIN_PART}*+\}})*+\}})*+\}})*+)\}}",
     re.DOTALL,
 )
 """A group's body and its closing brace, with groups nested up to three deep inside (deeper: the loop below)."""
