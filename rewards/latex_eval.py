@@ -343,13 +343,16 @@ def _simple_value(s: str) -> Fraction | None:
     if m is None:
         return None
     sign, number, top, bottom = m.groups()
-    if number is not None:
-        value = _decimal(number)
-    else:
-        denominator = _decimal(bottom)
-        if not denominator:
-            return None
-        value = _decimal(top) / denominator
+    try:
+        if number is not None:
+            value = _decimal(number)
+        else:
+            denominator = _decimal(bottom)
+            if not denominator:
+                return None
+            value = _decimal(top) / denominator
+    except ValueError:  # past Python's 4,300-digit limit on int(): the parser's answer too (unreadable)
+        return None
     return -value if sign else value
 
 

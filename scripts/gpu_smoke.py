@@ -60,7 +60,10 @@ QWEN3_06B = dict(
 )
 """Qwen3-0.6B's published config.json (the shape; the weights here are random)."""
 STAGES = ("sft", "grpo", "grpo_vllm", "async", "async_nccl", "distill")
-CUDA_ONLY = {"async_nccl": "NCCL weight transfer and FlashAttention-3 need CUDA"}
+CUDA_ONLY = {
+    "async_nccl": "NCCL weight transfer and FlashAttention-3 need CUDA and two GPUs (NCCL refuses two ranks on "
+    "one device): the server on GPU 1, the trainer on GPU 0"
+}
 OUT = REPO / "bench" / "results" / "gpu_smoke.json"
 
 
@@ -155,6 +158,8 @@ def run_stage(
     if stage.startswith("async"):
         command += ["--vllm_server_base_url", server_url]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    if stage in CUDA_ONLY:
+        env["CUDA_VISIBLE_DEVICES"] = "0"  # the trainer; its server is on GPU 1 (_async_server)
     started = time.time()
     print(f"[gpu_smoke] {stage}: {' '.join(command[1:])}", flush=True)
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
@@ -187,6 +192,7 @@ def _async_server(model: str, work: Path, cpu: bool, stage: str):
             *([] if cpu else ["--gpu-memory-utilization", "0.3"]),
         ],  # fmt: skip
         env={"VLLM_SERVER_DEV_MODE": "1"},
+        devices="1" if nccl else None,  # NCCL refuses two ranks on one GPU: the trainer has GPU 0
         log_path=work / f"{stage}-vllm.log",
     )
     return server.start()
@@ -232,11 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     has_vllm = importlib.util.find_spec("vllm") is not None
     results = []
     for stage in stages:
+        if stage in CUDA_ONLY and (args.cpu or torch.cuda.device_count() < 2):
+            results.append({"stage": stage, "skipped": CUDA_ONLY[stage]})
+            continue
         if stage in ("grpo_vllm", "async", "async_nccl") and not has_vllm:
             results.append({"stage": stage, "skipped": "vLLM is not importable"})
-            continue
-        if stage in CUDA_ONLY and args.cpu:
-            results.append({"stage": stage, "skipped": CUDA_ONLY[stage]})
             continue
         server = None
         if stage.startswith("async"):

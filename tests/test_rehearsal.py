@@ -338,6 +338,18 @@ def test_what_a_rehearsal_cannot_check_is_printed(recipe, unchecked):
         ), lines
 
 
+def test_a_distillation_with_vllm_generates_in_process_and_says_so():
+    """vLLM in the trainer's process is kept for GRPO only (its path is tested); a distillation rehearsal with
+    use_vllm generates with transformers and lists vLLM generation as unchecked."""
+    proc = run_cli(
+        "distill.py", "--config", "configs/distill/qwen3-0.6B-distill.yaml", "--use_vllm", "true",
+        "--vllm_mode", "server", "--rehearse", "--dry_run",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert yaml.safe_load(proc.stdout)["use_vllm"] is False
+    assert "rehearse: unchecked: use_vllm (vLLM generation and its weight sync" in proc.stderr
+
+
 def test_a_pipeline_rehearsal_prints_the_launchers_and_gpu_roles_it_drops():
     """Every stage of a pipeline rehearsal runs as one CPU process: its launcher and GPU roles are printed as
     unchecked, stage by stage."""

@@ -244,7 +244,10 @@ def rehearsal_layer(
     put("report_to", "none", "no W&B run for a rehearsal")
     put("push_to_hub", False, "a rehearsal publishes nothing")
     put("dataloader_num_workers", 0, "one CPU process")
-    if (
+    if values.get("use_vllm") and stage != "grpo":
+        put("use_vllm", False, "TRL's vLLM weight sync to a server (NCCL) needs CUDA: in-process generation")
+        unchecked("use_vllm", "vLLM generation and its weight sync: the trainer generates with transformers")
+    elif (
         values.get("use_vllm")
         and values.get("grpo_execution") != "async"
         and values.get("vllm_mode") == "server"

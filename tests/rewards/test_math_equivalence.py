@@ -437,3 +437,17 @@ def test_a_number_or_a_fraction_is_valued_as_the_parser_values_it(sign, top, bot
     expected = None if parsed is None else (parsed,) * (len(latex_eval.POINTS) if variables else 1)
     assert values == expected, text
     assert all(isinstance(v, Fraction) for v in values or ())
+
+
+@pytest.mark.timeout(60)
+def test_a_number_past_pythons_digit_limit_is_scored_not_raised():
+    """A model stuck repeating a digit writes a number longer than Python's 4,300-digit ``int()`` limit: the batch
+    is scored (the answer abstains or scores 0), it does not raise out of the reward and stop the training step."""
+    reward = make_string_match_reward("boxed", answer_column="solution", equivalence="math")
+    long = "7" * 4400
+    scores = reward(
+        prompts=["q"] * 3,
+        completions=[f"\\boxed{{{long}}}", f"\\boxed{{0.{long}}}", r"\boxed{\dfrac{1}{2}}"],
+        solution=[r"\frac{1}{2}"] * 3,
+    )
+    assert scores[0] in (0.0, None) and scores[1] in (0.0, None) and scores[2] == 1.0, scores
