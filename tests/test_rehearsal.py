@@ -120,12 +120,18 @@ def check_rehearsal(
 
     # vLLM generation kept (#37 item 3): TRL's vLLM path ran (it logs its sampling metrics), and what the rehearsal
     # replaced is listed as unchecked
-    if recipe.get("use_vllm") and recipe.get("grpo_execution") != "async":
+    if (
+        recipe.get("use_vllm")
+        and recipe.get("grpo_execution") != "async"
+        and recipe.get("environment") != "search"
+    ):
         assert resolved["use_vllm"] is True, resolved.get("use_vllm")
         history = json.loads((run_dir / "log_history.json").read_text())
         assert any("sampling/sampling_logp_difference/max" in step for step in history), history[:1]
     if recipe.get("vllm_mode") == "server" or recipe.get("grpo_execution") == "async":
-        assert {"vllm_mode: server", "weight_sync: nccl"} & set(record["unchecked"]), record["unchecked"]
+        assert {"vllm_mode: server", "weight_sync: nccl", "use_vllm"} & set(record["unchecked"]), record[
+            "unchecked"
+        ]
 
     # no dataset label lost all its rows
     labels = {str(d.get("label", d["path"])) if isinstance(d, dict) else d for d in recipe["datasets"]}

