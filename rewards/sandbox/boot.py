@@ -47,6 +47,7 @@ import signal
 import struct
 import sys
 import threading
+import time
 import traceback
 
 SETUP_FAILED = 121
@@ -62,6 +63,9 @@ _DIAGNOSTICS = {
 """What the program's process may report through the supervisor after its set-up line: limits it ran into
 inside (the parent sees wall time, CPU time and output itself) and exception type names."""
 _MAX_DIAGNOSTICS = 256
+_DRAIN_S = 2.0
+"""Seconds the supervisor reads the program's diagnostics after both processes ended (a process the program
+started may hold the pipe open)."""
 _MISSING = object()
 _MAX_TASKS = 64
 """Tasks (processes and threads) of the sandbox's uid inside the boundary, with one process allowed."""
@@ -276,47 +280,99 @@ def tests_side(
     return 1 if failed else 0
 
 
-def _forward(diagnostics: int, channel: Channel, gate: int) -> None:
-    """Pass on what the program's process reports: its first line (set-up) as it is, then limits and
+class _Forwarder:
+    """Passes on what the program's process reports: its first line (set-up) as it is, then limits and
     exceptions only, at most :data:`_MAX_DIAGNOSTICS` lines; never a verdict. The program's process waits on
-    ``gate`` until its set-up line is on the result pipe: a run killed a moment later still reads as started."""
-    first, forwarded = True, 0
-    with os.fdopen(diagnostics, "rb") as pipe:
-        for raw in pipe:
-            parts = raw.decode("utf-8", "replace").rstrip("\n").split(" ", 2)
-            kind, payload = (parts[1], parts[2] if len(parts) == 3 else "") if len(parts) >= 2 else ("", "")
-            allowed = (
-                kind in ("setup", "setup_error")
-                if first
-                else _DIAGNOSTICS.get(kind, lambda _: False)(payload)
-            )
-            if allowed and forwarded < _MAX_DIAGNOSTICS:
-                forwarded += 1
-                channel.send(kind, payload)
-            if first:
-                first = False
-                os.close(gate)
-        if first:
-            os.close(gate)
+    ``gate`` until its set-up line is on the result pipe: a run killed a moment later still reads as started.
+    Fed by the supervisor's own poll loop (no thread: a thread per run costs a stack and a ``clone``)."""
+
+    _MAX_LINE = 4096
+    """Bytes kept of one line (a longer one is no diagnostic the supervisor passes on)."""
+
+    def __init__(self, diagnostics: int, channel: Channel, gate: int):
+        self.fd, self._channel, self._gate = diagnostics, channel, gate
+        self._first, self._forwarded, self._partial = True, 0, b""
+
+    def read(self) -> bool:
+        """Read what is there (the pipe is ready); False at end-of-file (the pipe is closed then)."""
+        try:
+            data = os.read(self.fd, 65536)
+        except InterruptedError:
+            return True
+        if not data:
+            self.close()
+            return False
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for raw in lines:
+            self._line(raw)
+        self._partial = self._partial[: self._MAX_LINE]
+        return True
+
+    def _line(self, raw: bytes) -> None:
+        parts = raw[: self._MAX_LINE].decode("utf-8", "replace").split(" ", 2)
+        kind, payload = (parts[1], parts[2] if len(parts) == 3 else "") if len(parts) >= 2 else ("", "")
+        allowed = (
+            kind in ("setup", "setup_error")
+            if self._first
+            else _DIAGNOSTICS.get(kind, lambda _: False)(payload)
+        )
+        if allowed and self._forwarded < _MAX_DIAGNOSTICS:
+            self._forwarded += 1
+            self._channel.send(kind, payload)
+        if self._first:
+            self._first = False
+            os.close(self._gate)
+
+    def close(self) -> None:
+        """The pipe is done (end-of-file, or given up on): a last unterminated line counts, the gate opens."""
+        if self.fd < 0:
+            return
+        if self._partial:
+            self._line(self._partial)
+            self._partial = b""
+        os.close(self.fd)
+        self.fd = -1
+        if self._first:
+            self._first = False
+            os.close(self._gate)
+
+    def drain(self, timeout_s: float | None) -> None:
+        """Read until end-of-file, at most ``timeout_s`` (None: no limit; a process the program started may hold
+        the pipe)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self.fd >= 0:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            if select.select([self.fd], [], [], left)[0] and not self.read():
+                return
+        self.close()
 
 
-def _wait_all(program: int, tests: int | None, result_fd: int) -> dict[int, tuple[int, object]]:
-    """``{pid: (status, rusage)}`` once both processes ended. When the tests' process ends first, the
-    program's is killed (the verdict is in; it is not counted as the program's failure). If the caller dies
-    first (``POLLERR`` on the result pipe, whose read end it holds), kill both and exit."""
+def _wait_all(
+    program: int, tests: int | None, result_fd: int, forwarder: _Forwarder
+) -> dict[int, tuple[int, object]]:
+    """``{pid: (status, rusage)}`` once both processes ended, passing the program's diagnostics on meanwhile.
+    When the tests' process ends first, the program's is killed (the verdict is in; it is not counted as the
+    program's failure). If the caller dies first (``POLLERR`` on the result pipe, whose read end it holds), kill
+    both and exit."""
     children = [pid for pid in (program, tests) if pid is not None]
     ended: dict[int, tuple[int, object]] = {}
     try:
         pidfds = {os.pidfd_open(pid): pid for pid in children}
     except (AttributeError, OSError):  # before Linux 5.3: wait in order; PR_SET_PDEATHSIG ends an orphan
+        reader = threading.Thread(target=forwarder.drain, args=(None,), daemon=True)
+        reader.start()
         for pid in reversed(children):
             _, status, usage = os.wait4(pid, 0)
             ended[pid] = (status, usage)
+        reader.join(timeout=_DRAIN_S)
         return ended
     poller = select.poll()
     for fd in pidfds:
         poller.register(fd, select.POLLIN)
     poller.register(result_fd, 0)  # POLLERR and POLLHUP are always reported
+    poller.register(forwarder.fd, select.POLLIN)
     while len(ended) < len(children):
         events = dict(poller.poll())
         if events.get(result_fd, 0) & (select.POLLERR | select.POLLHUP):
@@ -324,6 +380,10 @@ def _wait_all(program: int, tests: int | None, result_fd: int) -> dict[int, tupl
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             os._exit(SETUP_FAILED)
+        if forwarder.fd in events:
+            diagnostics = forwarder.fd
+            if not forwarder.read():
+                poller.unregister(diagnostics)
         for fd, pid in pidfds.items():
             if fd in events and pid not in ended:
                 poller.unregister(fd)
@@ -334,6 +394,7 @@ def _wait_all(program: int, tests: int | None, result_fd: int) -> dict[int, tupl
                 os.kill(program, signal.SIGKILL)
             _, status, usage = os.wait4(program, 0)
             ended[program] = (0, usage)  # stopped by us after the verdict: as if it exited 0
+    forwarder.drain(_DRAIN_S)
     return ended
 
 
@@ -345,10 +406,7 @@ def supervise(
     The exit status is the program's when it failed (exit status or signal), else the tests' (0 only when
     every test passed). The CPU time is the program's.
     """
-    forwarder = threading.Thread(target=_forward, args=(diagnostics, channel, gate), daemon=True)
-    forwarder.start()
-    ended = _wait_all(program, tests, result_fd)
-    forwarder.join(timeout=2.0)
+    ended = _wait_all(program, tests, result_fd, _Forwarder(diagnostics, channel, gate))
     status, usage = ended[program]
     cpu_s = usage.ru_utime + usage.ru_stime
     code, sig = (None, os.WTERMSIG(status)) if os.WIFSIGNALED(status) else (os.WEXITSTATUS(status), None)

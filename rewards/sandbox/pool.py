@@ -138,7 +138,7 @@ class Pool:
 
     Two long-lived threads do the slow work off every event loop: one starts slots (``bwrap --die-with-parent``
     is tied to the thread that starts it), the other gets a used slot ready for its next run (removes the last
-    run's cgroups, takes the next C into fresh ones). A slot is lent only when it is ready. Both threads end
+    run's cgroups, takes the next run's PID 1 into fresh ones). A slot is lent only when it is ready. Both threads end
     once the pool is closed and nothing of it is left running.
     """
 
@@ -395,7 +395,7 @@ async def run(
                 **config,
                 "memory_cgroup": cgroups.memory is not None,
                 "tasks_cgroup": cgroups.pids is not None,
-                "slot_tasks": 2,  # the zygote and C count against the uid's RLIMIT_NPROC too
+                "slot_tasks": 1,  # the zygote counts against the uid's RLIMIT_NPROC too
             }
             for _ in range(4):  # stdin, stdout, stderr, result: fds[0:8] as (read, write) pairs
                 fds += os.pipe()

@@ -67,12 +67,12 @@ class Slot:
     stderr: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
     runs: int = 0
     cgroups: bwrap.Cgroups = field(default_factory=bwrap.Cgroups)
-    """The cgroups of the slot's next run, which its waiting first process (C) is already in."""
+    """The cgroups of the slot's next run, which its waiting PID 1 is already in."""
     waiting: int | None = None
-    """A pidfd of C, forked ahead of the run and waiting for its request."""
+    """A pidfd of the next run's PID 1, forked ahead of the run and waiting for its request."""
 
     def prepare(self) -> None:
-        """Take the zygote's next C (``P``), make the next run's cgroups and move C into them; blocking, off any
+        """Take the zygote's next PID 1 (``P``), make the next run's cgroups and move it into them; blocking, off any
         event loop (a move into a v1 cgroup waits for an RCU grace period, about 5 ms)."""
         self.control.settimeout(START_TIMEOUT_S)
         try:
@@ -86,13 +86,15 @@ class Slot:
             raise SlotError(
                 f"the sandbox slot answered {message!r}: {' | '.join(self.stderr) or 'no output'}"
             )
-        self.waiting = os.pidfd_open(pid)  # C waits for G: it is alive, so this pid is C's
+        self.waiting = os.pidfd_open(pid)  # PID 1 waits for G: it is alive, so this pid is its
         self.cgroups = bwrap.Cgroups.make(DEFAULT_MEMORY_MB, bwrap.CGROUP_TASKS)
         try:
             self.cgroups.join(pid)
-            if select.select([self.waiting], [], [], 0)[0]:  # C died: that pid may be another process's now
+            if select.select([self.waiting], [], [], 0)[
+                0
+            ]:  # PID 1 died: that pid may be another process's now
                 raise OSError(errno.ESRCH, "the slot's first process died")
-            self.control.send(b"G")  # C forks the run's PID 1, which waits for the request
+            self.control.send(b"G")  # PID 1 makes the run's namespaces and waits for the request
         except OSError as exc:
             raise SlotError(f"cannot move the sandbox run into its cgroups: {exc}") from exc
 

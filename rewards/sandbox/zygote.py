@@ -12,20 +12,25 @@ and the verdict) go straight to the run's own PID 1 (``SCM_RIGHTS`` on ``CONTROL
 socket). So no program, test or nonce is ever in the zygote's memory, and nothing of one run is in the next
 run's copy of it. Per run:
 
-1. **C** (forked ahead of the run) says ``P`` on the control socket. The host reads C's host pid from the
-   message's credentials (``SO_PASSCRED``), moves C into the next run's fresh cgroups (root), keeps a pidfd on
-   it, and answers ``G``.
-2. C unshares a PID namespace and forks the run's **PID 1**, which dies with C (``PR_SET_PDEATHSIG``, checked
-   against a pipe only C holds), unshares mount, IPC, UTS and cgroup namespaces (the network namespace is the
-   slot's own: it has only a loopback device, and the seccomp filter refuses ``socket()``), makes every mount
-   private, and waits for the run. C closes everything and waits for PID 1.
+1. The zygote forks the run's **PID 1** ahead of the run, straight into a new PID namespace (``clone`` with
+   ``CLONE_NEWPID``, between the interpreter's own fork hooks: :func:`_fork_pid1`). PID 1 says ``P`` on the
+   control socket. The host reads its host pid from the message's credentials (``SO_PASSCRED``), moves it into
+   the next run's fresh cgroups (root), keeps a pidfd on it, and answers ``G``.
+2. PID 1 unshares mount, IPC, UTS and cgroup namespaces (the network namespace is the slot's own: it has only
+   a loopback device, and the seccomp filter refuses ``socket()``), makes every mount private, and waits for the
+   run. It dies with the zygote (``PR_SET_PDEATHSIG``; the zygote is the slot's PID 1, so its death ends every
+   process of the slot anyway).
 3. The run arrives: PID 1 moves its six descriptors to 0..5 and closes every other one (the control socket
    included), mounts fresh ``nosuid,nodev`` ``tmpfs`` for ``/w``, ``/tmp`` and ``/dev/shm`` (bounded in size and
    inodes), drops every capability and the bounding set, writes ``/w/main.py`` (for tracebacks), and becomes
    the supervisor of :func:`rewards.sandbox.boot.run`: the program's process and the tests' process, as in a
    one-shot run. When it exits, the kernel kills whatever is left in its PID namespace.
-4. C exits as PID 1 did; the zygote reaps it (and any orphan) and sends ``D`` and C's exit status, then forks
-   the next C.
+4. The zygote reaps PID 1 (and any orphan) and sends ``D`` and PID 1's exit status, then forks the next one.
+
+One process fewer than forking a helper that unshares the PID namespace and forks PID 1 (what a zygote that
+calls ``os.fork`` must do, since ``unshare(CLONE_NEWPID)`` works once per process and the slot's user namespace
+may not ``setns`` back): every forked copy of the interpreter costs its page tables, its copy-on-write faults
+and its exit, the largest share of a run (bench/sandbox_throughput.py).
 
 Not meant to be started by hand.
 """
@@ -35,12 +40,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import errno
 import gc
 import importlib
 import importlib.util
 import json
 import os
-import select
+import platform
 import signal
 import socket
 import struct
@@ -83,7 +89,7 @@ reseeds itself in every forked process (``os.register_at_fork``)."""
 REQUEST = struct.Struct("=III")
 """A run request: ``max_file_mb``, the inode limit of each mount, and the slot's run number."""
 DONE = struct.Struct("=ci")
-"""The zygote's answer once a run's C is reaped: ``b"D"`` and its exit status (negative: killed by that signal)."""
+"""The zygote's answer once a run's PID 1 is reaped: ``b"D"`` and its exit status (negative: killed by that signal)."""
 FDS = 6
 """stdin, stdout, stderr, result pipe, config memfd, verdict memfd, in that order."""
 
@@ -96,8 +102,9 @@ _CLONE_NEWNS, _CLONE_NEWCGROUP, _CLONE_NEWUTS, _CLONE_NEWIPC, _CLONE_NEWPID = (
 )
 _MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 2, 4, 0x4000, 1 << 18
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 _RESULT, _CONFIG, _VERDICT = 3, 4, 5
-"""Where C puts the result pipe, the config and the verdict."""
+"""Where PID 1 puts the result pipe, the config and the verdict."""
 
 
 def _mount(libc: ctypes.CDLL, target: str, size_mb: int, inodes: int, mode: str) -> None:
@@ -115,8 +122,32 @@ def _place(fds: list[int]) -> None:
     os.closerange(len(moved), 1 << 20)  # close_range(2): the zygote's own fds and the copies made above
 
 
-def _child(control: int) -> None:
-    """C (module docstring, steps 1 and 2); never returns."""
+def _fork_pid1(libc: ctypes.CDLL) -> int:
+    """``os.fork()`` whose child is PID 1 of a new PID namespace: ``clone(CLONE_NEWPID | SIGCHLD)``, with the fork
+    hooks ``os.fork`` runs around ``fork(2)`` (the import lock, ``threading``'s and ``random``'s reinit in the
+    child); the zygote has no other thread. The child's pid (0 in the child)."""
+    number = _SYS_CLONE.get(platform.machine())
+    if number is None:
+        raise OSError(errno.ENOSYS, f"sandbox slots know clone(2) on {', '.join(_SYS_CLONE)} only")
+    api = ctypes.pythonapi
+    api.PyOS_BeforeFork()
+    pid = libc.syscall(
+        ctypes.c_long(number),
+        ctypes.c_long(_CLONE_NEWPID | signal.SIGCHLD),
+        *(ctypes.c_long(0) for _ in range(4)),  # the caller's stack (as fork), no tid pointers, no TLS
+    )
+    if pid == 0:
+        api.PyOS_AfterFork_Child()
+        return 0
+    api.PyOS_AfterFork_Parent()
+    if pid < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"clone: {os.strerror(code)}")
+    return pid
+
+
+def _pid1(control: int) -> None:
+    """The run's PID 1 (module docstring, steps 1 to 3), forked ahead of its run; never returns."""
     libc = boot._libc()
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     control_socket = socket.socket(fileno=control)
@@ -124,28 +155,7 @@ def _child(control: int) -> None:
     control_socket.send(b"P")
     if control_socket.recv(1) != b"G":  # the host is gone
         os._exit(boot.SETUP_FAILED)
-    boot._check(libc.unshare(_CLONE_NEWPID), "unshare")  # C's next child is PID 1 of a new PID namespace
-    alive_read, alive_write = os.pipe()
-    pid1 = os.fork()
-    if pid1 == 0:
-        os.close(alive_write)
-        _pid1(libc, control_socket, alive_read)
-    control_socket.detach()
-    os.closerange(0, alive_write)  # C keeps nothing of the run (it never receives it) nor of the zygote
-    os.closerange(alive_write + 1, 1 << 20)
-    _, status = os.waitpid(pid1, 0)
-    code = os.waitstatus_to_exitcode(status)
-    if code < 0:  # die the same way, so the host reads the same status a one-shot run gives
-        signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    os._exit(code & 0xFF)
-
-
-def _pid1(libc: ctypes.CDLL, control_socket: socket.socket, alive: int) -> None:
-    """The run's PID 1 (module docstring, step 3), made ahead of its run; never returns."""
     boot._check(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
-    if select.select([alive], [], [], 0)[0]:  # end-of-file: C died before the line above took effect
-        os._exit(boot.SETUP_FAILED)
     boot._check(libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWUTS | _CLONE_NEWCGROUP), "unshare")
     boot._check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "private mounts")
     message, fds, _, _ = socket.recv_fds(control_socket, REQUEST.size, FDS)  # the run, at last
@@ -180,24 +190,25 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for name in PRELOAD:
         importlib.import_module(name)
+    fork_libc = ctypes.PyDLL(None, use_errno=True)  # keeps the GIL across clone(2), as os.fork does
     gc.freeze()  # the zygote's objects are never collected again: a run's collections do not touch (copy) them
     control.send(b"R")
     while True:
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        pid = _fork_pid1(fork_libc)
         if pid == 0:
             atexit._clear()  # nothing of the zygote's runs at a run's exit
             try:
-                _child(control.fileno())
+                _pid1(control.fileno())
             except SystemExit as exc:  # the program's or the tests' process (forked in boot.run) ends
                 boot.exit_as_interpreter(exc)
-            except BaseException as exc:  # noqa: BLE001 - C must never return into the zygote's loop
+            except BaseException as exc:  # noqa: BLE001 - PID 1 must never return into the zygote's loop
                 with contextlib.suppress(OSError):
                     os.write(2, f"sandbox set-up failed: {exc}\n".encode())  # the run's stderr, once placed
             finally:
                 os._exit(boot.SETUP_FAILED)
-        while True:  # reap C, and any orphan that was reparented to this process (the slot's PID 1)
+        while True:  # reap PID 1, and any orphan that was reparented to this process (the slot's PID 1)
             reaped, status = os.waitpid(-1, 0)
             if reaped == pid:
                 break

@@ -67,8 +67,8 @@ def _sandbox_processes() -> dict[int, tuple[int, bytes]]:
 
 def _runs() -> set[int]:
     """One id per run in progress: a one-shot interpreter's session (process mode), or, in a pool slot, the run's
-    PID 1 once it has forked the program (zygote -> C -> PID 1 -> program and tests; an idle slot keeps its next
-    C and PID 1 waiting)."""
+    PID 1 once it has forked the program (zygote -> PID 1 -> program and tests; an idle slot keeps its next PID 1
+    waiting)."""
     processes = {  # the interpreters, not their launcher or bwrap
         pid: (parent, cmdline)
         for pid, (parent, cmdline) in _sandbox_processes().items()
@@ -83,7 +83,7 @@ def _runs() -> set[int]:
         if b"sandbox/boot.py" in cmdline:
             with contextlib.suppress(OSError):
                 runs.add(os.getsid(pid))
-        elif depth(pid) == 3:
+        elif depth(pid) == 2:
             runs.add(parent)
     return runs
 

@@ -244,12 +244,12 @@ def test_a_killed_run_does_not_take_its_slot_down_and_a_stuck_one_is_killed(one_
     assert stuck.status == "timeout"
     assert run_python("print('next')", timeout_s=20, isolation="namespaces").stdout == "next\n"
     assert _zygote_pid(one_slot) == slot
-    # the zygote, and the next run's first process and PID 1, waiting: no sleeper. The waiting pair is forked
-    # after the run returns, so under load it may take a moment to appear.
+    # the zygote, and the next run's PID 1, waiting: no sleeper. The waiting PID 1 is forked after the run
+    # returns, so under load it may take a moment to appear.
     deadline = time.monotonic() + 20
-    while _interpreters() < 3 and time.monotonic() < deadline:
+    while _interpreters() < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _interpreters() == 3
+    assert _interpreters() == 2
 
 
 def test_closing_the_pool_never_strands_a_waiting_run(one_slot):
@@ -303,7 +303,7 @@ def test_runs_killed_before_they_start_never_answer_for_the_next_run(one_slot):
 
 
 def test_max_processes_counts_only_the_programs_own_processes():
-    """The slot's zygote and the run's first process share the uid (and so RLIMIT_NPROC): they are not charged to
+    """The slot's zygote and the run's PID 1 share the uid (and so RLIMIT_NPROC): they are not charged to
     the program's ``max_processes`` (a one-shot run's program could start 5 children at max_processes=8)."""
     forks = (
         "import os, time\n"
