@@ -41,8 +41,9 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _WRITABLE_DEVICES = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty"})
 
 
-def install(config: dict, channel) -> None:  # noqa: ANN001 - boot.Channel (boot loads this module by path)
+def install(config: dict, channel, may_signal: int | None = None) -> None:  # noqa: ANN001 - boot.Channel
     """Enforce the sandbox rules at the Python level and report the limits a program runs into.
+    ``may_signal``: one more pid ``os.kill`` may aim at (the tests' side stops the program's process).
 
     Under seccomp this mostly turns kernel refusals into clear errors and limit reports. Without
     namespaces it also refuses file writes outside the working directory and ``ctypes`` (which
@@ -70,7 +71,9 @@ def install(config: dict, channel) -> None:  # noqa: ANN001 - boot.Channel (boot
         if event in ("os.kill", "os.killpg", "signal.pthread_kill"):
             target = args[0] if args else None
             # Only this process: pid 0 (killpg too) is the whole process group, the zygote and the tests' process.
-            if event == "signal.pthread_kill" or (event == "os.kill" and target == own_pid):
+            if event == "signal.pthread_kill" or (
+                event == "os.kill" and target is not None and target in (own_pid, may_signal)
+            ):
                 return
             raise PermissionError(errno.EPERM, "The sandbox may only signal itself")
         if guard_files:

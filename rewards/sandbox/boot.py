@@ -3,7 +3,8 @@
 :func:`rewards.sandbox.run_python_async` starts this file, ``python -I -S -B -X utf8 boot.py CONFIG RESULT_FD``,
 inside the boundary (:mod:`rewards.sandbox.bwrap`) or as a plain process, with a scrubbed environment. It uses
 the standard library only (its siblings :mod:`~rewards.sandbox.seccomp`, :mod:`~rewards.sandbox.channel`,
-:mod:`~rewards.sandbox.trusted` and :mod:`~rewards.sandbox.audit` are loaded by path).
+:mod:`~rewards.sandbox.trusted`, :mod:`~rewards.sandbox.audit` and :mod:`~rewards.sandbox.supervisor` are loaded
+by path).
 
 Steps, in order:
 
@@ -18,13 +19,17 @@ Steps, in order:
    ``solution`` and then answers calls from the tests over :mod:`~rewards.sandbox.channel` (tests mode).
    What it reports (its set-up, limits it ran into, exceptions) goes through a diagnostics pipe that
    this process reads and vets; it cannot write a verdict.
-4. Only then read the verdict file. With tests, fork the **tests' process**: confined the same way,
-   it never executes the program's code. It sees the program's globals as proxies that carry plain
-   values only, runs each test snippet, and reports each pass as ``<nonce> pass <i>`` on the result
-   pipe (file descriptor ``RESULT_FD``).
-5. Stay as the supervisor: forward the program's diagnostics, wait for both processes, report how the
-   program ended (exit status, CPU time from ``wait4``), and exit; with a PID namespace that makes
-   the kernel kill every process left in it.
+4. Only then read the verdict file. Without tests, stay as the supervisor: forward the program's
+   diagnostics, wait for it, report how it ended (exit status, CPU time from ``wait4``), and exit.
+5. With tests, become the **tests' process** (:func:`_judge`): once the program's set-up line is passed on,
+   confine this process the same way (its seccomp filter and audit hook let it signal the program's
+   process, and no other), then run each test snippet. It never executes the program's code: it sees the
+   program's globals as proxies that carry plain values only, and reports each pass as ``<nonce> pass <i>``
+   on the result pipe (file descriptor ``RESULT_FD``). Then stop the program's process if it still runs,
+   pass its diagnostics on (:mod:`~rewards.sandbox.supervisor`), report how the run ended, and exit; with a
+   PID namespace that makes the kernel kill every process left in it. One process fewer than a tests'
+   process of its own, which is most of a run's cost (each forked interpreter pays its page tables, its
+   copy-on-write faults and its exit).
 
 Example (what :mod:`rewards.sandbox` runs; not meant to be started by hand)::
 
@@ -38,35 +43,25 @@ import builtins
 import contextlib
 import ctypes
 import errno
+import fcntl
+import functools
 import importlib.util
 import json
 import os
 import resource
-import select
 import signal
 import struct
 import sys
 import threading
-import time
 import traceback
-
-SETUP_FAILED = 121
-"""Exit status when the sandbox could not be set up; the program never ran."""
 
 # Linux constants (include/uapi/linux/*.h); identical on x86_64 and aarch64.
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
 _CAPABILITY_VERSION_3 = 0x20080522
-_DIAGNOSTICS = {
-    "limit": {"memory", "processes", "file_size", "network"}.__contains__,
-    "exception": str.isidentifier,
-}
-"""What the program's process may report through the supervisor after its set-up line: limits it ran into
-inside (the parent sees wall time, CPU time and output itself) and exception type names."""
-_MAX_DIAGNOSTICS = 256
-_DRAIN_S = 2.0
-"""Seconds the supervisor reads the program's diagnostics after both processes ended (a process the program
-started may hold the pipe open)."""
 _MISSING = object()
+_DIAGNOSTICS_PIPE_BYTES = 1 << 20
+"""The program's diagnostics pipe with tests (Linux's default ``pipe-max-size``): the supervisor passes at most
+256 lines of at most 1,000 characters on, and reads them once the tests are done."""
 _MAX_TASKS = 64
 """Tasks (processes and threads) of the sandbox's uid inside the boundary, with one process allowed."""
 
@@ -87,6 +82,8 @@ seccomp = _sibling("seccomp")
 wire = _sibling("channel")
 trusted = _sibling("trusted")
 audit = _sibling("audit")
+supervisor = _sibling("supervisor")
+SETUP_FAILED = supervisor.SETUP_FAILED
 
 
 class Channel:
@@ -107,7 +104,11 @@ class Channel:
             os.write(self._fd, line.encode("utf-8", "replace"))
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL:
+    """libc, loaded once per interpreter: a pool slot's runs inherit the zygote's, its functions already looked
+    up (:mod:`rewards.sandbox.zygote`); each ``CDLL`` made anew would build a class and its function objects in
+    every forked process."""
     return ctypes.CDLL(None, use_errno=True)
 
 
@@ -164,8 +165,9 @@ def _has_capabilities(libc: ctypes.CDLL) -> bool:
     return any(data.raw)
 
 
-def confine(config: dict, protections: list[str]) -> None:
-    """Limits, no privileges, the seccomp filter: everything the child does before the program."""
+def confine(config: dict, protections: list[str], signal_also: int | None = None) -> None:
+    """Limits, no privileges, the seccomp filter: everything a process of the run does before the program or the
+    tests. ``signal_also``: the one other process it may signal (the tests' side stops the program's)."""
     libc = _libc()
     _check(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
     # in a pool slot the zygote and the run's first process share the uid (rewards/sandbox/zygote.py)
@@ -180,7 +182,7 @@ def confine(config: dict, protections: list[str]) -> None:
     deny_shared = not config.get(
         "memory_cgroup"
     )  # memfd and SysV pages escape RLIMIT_AS; a memory cgroup counts them
-    if config["seccomp"] and seccomp.install(libc, os.getpid(), allow_processes, deny_shared):
+    if config["seccomp"] and seccomp.install(libc, os.getpid(), allow_processes, deny_shared, signal_also):
         protections.append("seccomp")
 
 
@@ -233,9 +235,16 @@ def tests_side(
 
     ``setup`` (e.g. MBPP's ``test_setup_code``) runs here, in the tests' namespace after the program's globals,
     so what it defines is the tests' own: the program can neither see nor rewrite it. A set-up that raises
-    fails every test.
+    fails every test. The channel is closed at the end: the program's process reads end-of-file.
     """
     link = wire.Link(requests, answers, trusted)
+    try:
+        return _run_tests(link, tests, channel, setup)
+    finally:
+        link.close()
+
+
+def _run_tests(link, tests: list[str], channel: Channel, setup: str | None) -> int:  # noqa: ANN001 - wire.Link
     try:
         names, shadows = link.globals()
     except wire.ProgramGone as exc:
@@ -280,145 +289,6 @@ def tests_side(
     return 1 if failed else 0
 
 
-class _Forwarder:
-    """Passes on what the program's process reports: its first line (set-up) as it is, then limits and
-    exceptions only, at most :data:`_MAX_DIAGNOSTICS` lines; never a verdict. The program's process waits on
-    ``gate`` until its set-up line is on the result pipe: a run killed a moment later still reads as started.
-    Fed by the supervisor's own poll loop (no thread: a thread per run costs a stack and a ``clone``)."""
-
-    _MAX_LINE = 4096
-    """Bytes kept of one line (a longer one is no diagnostic the supervisor passes on)."""
-
-    def __init__(self, diagnostics: int, channel: Channel, gate: int):
-        self.fd, self._channel, self._gate = diagnostics, channel, gate
-        self._first, self._forwarded, self._partial = True, 0, b""
-
-    def read(self) -> bool:
-        """Read what is there (the pipe is ready); False at end-of-file (the pipe is closed then)."""
-        try:
-            data = os.read(self.fd, 65536)
-        except InterruptedError:
-            return True
-        if not data:
-            self.close()
-            return False
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        for raw in lines:
-            self._line(raw)
-        self._partial = self._partial[: self._MAX_LINE]
-        return True
-
-    def _line(self, raw: bytes) -> None:
-        parts = raw[: self._MAX_LINE].decode("utf-8", "replace").split(" ", 2)
-        kind, payload = (parts[1], parts[2] if len(parts) == 3 else "") if len(parts) >= 2 else ("", "")
-        allowed = (
-            kind in ("setup", "setup_error")
-            if self._first
-            else _DIAGNOSTICS.get(kind, lambda _: False)(payload)
-        )
-        if allowed and self._forwarded < _MAX_DIAGNOSTICS:
-            self._forwarded += 1
-            self._channel.send(kind, payload)
-        if self._first:
-            self._first = False
-            os.close(self._gate)
-
-    def close(self) -> None:
-        """The pipe is done (end-of-file, or given up on): a last unterminated line counts, the gate opens."""
-        if self.fd < 0:
-            return
-        if self._partial:
-            self._line(self._partial)
-            self._partial = b""
-        os.close(self.fd)
-        self.fd = -1
-        if self._first:
-            self._first = False
-            os.close(self._gate)
-
-    def drain(self, timeout_s: float | None) -> None:
-        """Read until end-of-file, at most ``timeout_s`` (None: no limit; a process the program started may hold
-        the pipe)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while self.fd >= 0:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                break
-            if select.select([self.fd], [], [], left)[0] and not self.read():
-                return
-        self.close()
-
-
-def _wait_all(
-    program: int, tests: int | None, result_fd: int, forwarder: _Forwarder
-) -> dict[int, tuple[int, object]]:
-    """``{pid: (status, rusage)}`` once both processes ended, passing the program's diagnostics on meanwhile.
-    When the tests' process ends first, the program's is killed (the verdict is in; it is not counted as the
-    program's failure). If the caller dies first (``POLLERR`` on the result pipe, whose read end it holds), kill
-    both and exit."""
-    children = [pid for pid in (program, tests) if pid is not None]
-    ended: dict[int, tuple[int, object]] = {}
-    try:
-        pidfds = {os.pidfd_open(pid): pid for pid in children}
-    except (AttributeError, OSError):  # before Linux 5.3: wait in order; PR_SET_PDEATHSIG ends an orphan
-        reader = threading.Thread(target=forwarder.drain, args=(None,), daemon=True)
-        reader.start()
-        for pid in reversed(children):
-            _, status, usage = os.wait4(pid, 0)
-            ended[pid] = (status, usage)
-        reader.join(timeout=_DRAIN_S)
-        return ended
-    poller = select.poll()
-    for fd in pidfds:
-        poller.register(fd, select.POLLIN)
-    poller.register(result_fd, 0)  # POLLERR and POLLHUP are always reported
-    poller.register(forwarder.fd, select.POLLIN)
-    while len(ended) < len(children):
-        events = dict(poller.poll())
-        if events.get(result_fd, 0) & (select.POLLERR | select.POLLHUP):
-            for pid in children:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            os._exit(SETUP_FAILED)
-        if forwarder.fd in events:
-            diagnostics = forwarder.fd
-            if not forwarder.read():
-                poller.unregister(diagnostics)
-        for fd, pid in pidfds.items():
-            if fd in events and pid not in ended:
-                poller.unregister(fd)
-                _, status, usage = os.wait4(pid, 0)
-                ended[pid] = (status, usage)
-        if tests is not None and tests in ended and program not in ended:
-            with contextlib.suppress(OSError):
-                os.kill(program, signal.SIGKILL)
-            _, status, usage = os.wait4(program, 0)
-            ended[program] = (0, usage)  # stopped by us after the verdict: as if it exited 0
-    forwarder.drain(_DRAIN_S)
-    return ended
-
-
-def supervise(
-    program: int, tests: int | None, diagnostics: int, gate: int, channel: Channel, result_fd: int
-) -> int:
-    """Forward the program's diagnostics, wait for both processes, report how the run ended; the exit status.
-
-    The exit status is the program's when it failed (exit status or signal), else the tests' (0 only when
-    every test passed). The CPU time is the program's.
-    """
-    ended = _wait_all(program, tests, result_fd, _Forwarder(diagnostics, channel, gate))
-    status, usage = ended[program]
-    cpu_s = usage.ru_utime + usage.ru_stime
-    code, sig = (None, os.WTERMSIG(status)) if os.WIFSIGNALED(status) else (os.WEXITSTATUS(status), None)
-    if tests is not None and code == 0:
-        tests_status = ended[tests][0]
-        code = os.WEXITSTATUS(tests_status) if os.WIFEXITED(tests_status) else 1
-    channel.send(
-        "exit", json.dumps({"code": code, "signal": sig, "cpu_s": cpu_s, "maxrss_kb": usage.ru_maxrss})
-    )
-    return code if code is not None else 128 + sig
-
-
 def _start_program(config: dict, keep: tuple[int, ...], drop: tuple[int, ...], protections: list[str]) -> int:
     """Fork the program's process; in it, close ``drop`` first thing, confine, run; never returns there."""
     pid = os.fork()
@@ -440,27 +310,6 @@ def _start_program(config: dict, keep: tuple[int, ...], drop: tuple[int, ...], p
     os.close(keep[1])
     requests, answers = (keep[2], keep[3]) if len(keep) == 4 else (None, None)
     sys.exit(program_side(config, diagnostics, requests, answers))
-
-
-def _start_tests(
-    config: dict, verdict: dict, channel: Channel, requests: int, answers: int, drop: int
-) -> int:
-    """Fork the tests' process (stdin from ``/dev/null``); in it, confine and run the tests; never returns there."""
-    pid = os.fork()
-    if pid:
-        return pid
-    for fd in drop:
-        os.close(fd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    try:
-        confine(config, [])
-    except OSError as exc:
-        channel.send("setup_error", f"tests: {exc}")
-        os._exit(SETUP_FAILED)
-    audit.install(config, channel)
-    sys.exit(tests_side(verdict["tests"], channel, requests, answers, verdict.get("setup")))
 
 
 def exit_as_interpreter(exc: SystemExit) -> None:
@@ -511,6 +360,9 @@ def run(config: dict, verdict_fd: int, result_fd: int) -> None:
         os._exit(SETUP_FAILED)
     testing = config["testing"]
     diagnostics_read, diagnostics_write = os.pipe()
+    if testing:  # read after the tests: room for every diagnostic the supervisor passes on, unread meanwhile
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(diagnostics_write, fcntl.F_SETPIPE_SZ, _DIAGNOSTICS_PIPE_BYTES)
     gate_read, gate_write = os.pipe()
     requests = os.pipe() if testing else None
     answers = os.pipe() if testing else None
@@ -529,14 +381,45 @@ def run(config: dict, verdict_fd: int, result_fd: int) -> None:
     with os.fdopen(verdict_fd, encoding="utf-8") as handle:  # only now: the program's process never held it
         verdict = json.load(handle)
     channel = Channel(result_fd, verdict["nonce"])
-    tests = None
-    if testing:
-        tests = _start_tests(
-            config, verdict, channel, requests[1], answers[0], (diagnostics_read, gate_write)
-        )
-        os.close(requests[1])
-        os.close(answers[0])
-    os._exit(supervise(program, tests, diagnostics_read, gate_write, channel, result_fd))
+    forwarder = supervisor.Forwarder(diagnostics_read, channel, gate_write)
+    if not testing:
+        os._exit(supervisor.report(channel, *supervisor.wait_program(program, result_fd, forwarder), None))
+    os._exit(_judge(config, verdict, channel, program, requests[1], answers[0], forwarder))
+
+
+def _judge(  # noqa: PLR0913
+    config: dict,
+    verdict: dict,
+    channel: Channel,
+    program: int,
+    requests: int,
+    answers: int,
+    forwarder,  # noqa: ANN001 - supervisor.Forwarder (a module loaded by path)
+) -> int:
+    """Step 5: this process becomes the tests' process, then reports how the run ended; its exit status.
+
+    Once the program's set-up line is passed on, it confines itself as the program's process did (the seccomp
+    filter and the audit hook let it signal the program's process and no other), runs the tests, stops the
+    program's process if it still runs (the verdict is in: not counted as the program's failure) and reports.
+    """
+    forwarder.until_first_line()  # the program's set-up (or set-up error) is on the result pipe
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    try:
+        confine(config, [], signal_also=program)
+    except OSError as exc:
+        channel.send("setup_error", f"tests: {exc}")
+        return SETUP_FAILED
+    audit.install(config, channel, may_signal=program)
+    try:
+        failed = tests_side(verdict["tests"], channel, requests, answers, verdict.get("setup"))
+    except BaseException:  # noqa: BLE001 - whatever the tests do, the run is reported
+        failed = 1
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    return supervisor.report(channel, *supervisor.stop_program(program, forwarder), failed)
 
 
 if __name__ == "__main__":

@@ -133,6 +133,10 @@ class Cgroups:
     memory: Path | None = None
     pids: Path | None = None
     made: list[Path] = field(default_factory=list)
+    memory_mb: int | None = None
+    """The run's memory limit as set (before :data:`CGROUP_SLACK_MB`): :meth:`limit` writes only a change."""
+    v2: bool = False
+    """The memory cgroup is v2 (``memory.max``, ``memory.events``), else v1."""
 
     @classmethod
     def make(cls, memory_mb: int, max_tasks: int) -> Cgroups:
@@ -151,7 +155,8 @@ class Cgroups:
                     groups.made.append(path)
                 if controller == "memory":
                     limit = str((memory_mb + CGROUP_SLACK_MB) << 20)
-                    if (path / "memory.max").exists():
+                    groups.v2 = (path / "memory.max").exists()
+                    if groups.v2:
                         (path / "memory.max").write_text(limit)
                         with contextlib.suppress(OSError):
                             (path / "memory.swap.max").write_text("0")
@@ -159,7 +164,7 @@ class Cgroups:
                         (path / "memory.limit_in_bytes").write_text(limit)
                         with contextlib.suppress(OSError):  # swap counted too, where the host accounts it
                             (path / "memory.memsw.limit_in_bytes").write_text(limit)
-                    groups.memory = path
+                    groups.memory, groups.memory_mb = path, memory_mb
                 else:
                     (path / "pids.max").write_text(str(max_tasks))
                     groups.pids = path
@@ -176,27 +181,26 @@ class Cgroups:
         """Whether the kernel killed a process of the run for the memory limit."""
         if self.memory is None:
             return False
-        for name in ("memory.events", "memory.oom_control"):
-            with contextlib.suppress(OSError):
-                text = (self.memory / name).read_text()
-                found = re.search(r"^oom_kill (\d+)", text, re.MULTILINE)
-                if found:
-                    return int(found[1]) > 0
+        with contextlib.suppress(OSError):
+            text = (self.memory / ("memory.events" if self.v2 else "memory.oom_control")).read_text()
+            found = re.search(r"^oom_kill (\d+)", text, re.MULTILINE)
+            if found:
+                return int(found[1]) > 0
         return False
 
     def limit(self, memory_mb: int) -> None:
         """Set the memory limit to ``memory_mb`` plus :data:`CGROUP_SLACK_MB` (a run's own, on cgroups made ahead)."""
-        if self.memory is None:
+        if self.memory is None or memory_mb == self.memory_mb:
             return
         limit = str((memory_mb + CGROUP_SLACK_MB) << 20)
-        if (self.memory / "memory.max").exists():
+        if self.v2:
             (self.memory / "memory.max").write_text(limit)
-            return
-        # v1: memory+swap may never be below memory; write in the order that keeps that true
-        names = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
-        for name in names if int((self.memory / names[0]).read_text()) > int(limit) else names[::-1]:
-            with contextlib.suppress(FileNotFoundError):
-                (self.memory / name).write_text(limit)
+        else:  # v1: memory+swap may never be below memory; write in the order that keeps that true
+            names = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
+            for name in names if int((self.memory / names[0]).read_text()) > int(limit) else names[::-1]:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.memory / name).write_text(limit)
+        self.memory_mb = memory_mb
 
     def join(self, pid: int) -> None:
         """Move process ``pid`` (a host pid) into the run's cgroups."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import base64
 import builtins
+import contextlib
 import decimal
 import fractions
 import json
@@ -337,6 +338,12 @@ class Link:
         if number not in self._remotes:
             self._remotes[number] = Remote(self, number)
         return self._remotes[number]
+
+    def close(self) -> None:
+        """Close both pipes: the program side reads end-of-file and stops answering."""
+        for stream in (self._writer, self._reader):
+            with contextlib.suppress(OSError):
+                stream.close()
 
     def globals(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The program's globals as the tests see them, and apart from them those that shadow a built-in or a

@@ -29,6 +29,7 @@ import rewards.sandbox.channel as _channel  # noqa: F401 - compiled here once: b
 import rewards.sandbox.pool as pool
 import rewards.sandbox.seccomp as _seccomp  # noqa: F401 - the same
 import rewards.sandbox.slot as slot
+import rewards.sandbox.supervisor as _supervisor  # noqa: F401 - the same
 import rewards.sandbox.trusted as _trusted  # noqa: F401 - the same
 from rewards.sandbox.result import (
     ExecutionResult,

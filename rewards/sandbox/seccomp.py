@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import platform
 import struct
 
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_INSTRUCTION_BYTES = struct.calcsize("HBBI")
+"""One ``struct sock_filter``."""
 
 _CLONE_THREAD = 0x00010000
 _CLONE_NEW_ANY = 0x7E020000
@@ -113,9 +116,14 @@ _DENIED = tuple(
 
 
 def program(
-    arch: str, own_pid: int, allow_processes: bool, deny_shared_memory: bool = True
+    arch: str,
+    own_pid: int,
+    allow_processes: bool,
+    deny_shared_memory: bool = True,
+    signal_also: int | None = None,
 ) -> list[tuple[int, int, int, int]]:
-    """The classic-BPF seccomp filter as ``(code, jt, jf, k)`` instructions."""
+    """The classic-BPF seccomp filter as ``(code, jt, jf, k)`` instructions. ``signal_also``: one more pid that
+    ``kill`` may aim at (the tests' side stops the program's process with it)."""
     audit_arch, x32_floor = _ARCHES[arch]
     column = 0 if arch == "x86_64" else 1
     allow, kill = (_RET, 0, 0, _RET_ALLOW), (_RET, 0, 0, _RET_KILL_PROCESS)
@@ -150,6 +158,8 @@ def program(
     rules.append(("socket", [deny(errno.EACCES)]))
     for name in _SELF_ONLY:
         targets = (0, own_pid) if name == "prlimit64" else (own_pid,)
+        if name == "kill" and signal_also is not None and signal_also > 0:
+            targets += (signal_also,)
         rules.append((name, arg0_in(targets, errno.EPERM)))
     rules += [(name, [deny(errno.EPERM)]) for name in _DENIED]
     owner = [
@@ -179,21 +189,49 @@ def program(
     return program
 
 
-def install(libc: ctypes.CDLL, own_pid: int, allow_processes: bool, deny_shared_memory: bool = True) -> bool:
-    """Install the filter; False when this architecture is not covered."""
+def install(
+    libc: ctypes.CDLL,
+    own_pid: int,
+    allow_processes: bool,
+    deny_shared_memory: bool = True,
+    signal_also: int | None = None,
+) -> bool:
+    """Install the filter (arguments as :func:`program`); False when this architecture is not covered."""
     arch = platform.machine()
     if arch not in _ARCHES:
         return False
-    instructions = program(arch, own_pid, allow_processes, deny_shared_memory)
-    data = packed(instructions)
+    data = compiled(arch, own_pid, allow_processes, deny_shared_memory, signal_also)
     buffer = ctypes.create_string_buffer(data, len(data))
-    prog = struct.pack("HP", len(instructions), ctypes.addressof(buffer))  # struct sock_fprog
+    prog = struct.pack("HP", len(data) // _INSTRUCTION_BYTES, ctypes.addressof(buffer))  # struct sock_fprog
     if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, prog, 0, 0) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"seccomp: {os.strerror(code)}")
     return True
 
 
+@functools.lru_cache(maxsize=32)
+def compiled(
+    arch: str, own_pid: int, allow_processes: bool, deny_shared_memory: bool, signal_also: int | None
+) -> bytes:
+    """:func:`packed` :func:`program`, built once per set of arguments: a pool slot's zygote builds the ones its
+    runs use before it forks them (:func:`rewards.sandbox.zygote.main`), so no run spends its own memory on it."""
+    return packed(program(arch, own_pid, allow_processes, deny_shared_memory, signal_also))
+
+
 def packed(instructions: list[tuple[int, int, int, int]]) -> bytes:
     """The instructions as the bytes of a ``struct sock_filter[]`` array."""
     return b"".join(struct.pack("HBBI", *instruction) for instruction in instructions)
+
+
+def warm(own_pids: tuple[int, int]) -> None:
+    """Build the filters a pool slot's runs install (:func:`compiled`): the program's process (``own_pids[1]``,
+    one process or many) and the tests' side (``own_pids[0]``, which may signal the program's), with and without
+    a memory cgroup. For a zygote, before it forks them."""
+    arch = platform.machine()
+    if arch not in _ARCHES:
+        return
+    tests, program_pid = own_pids
+    for deny in (False, True):
+        for processes in (False, True):
+            compiled(arch, program_pid, processes, deny, None)
+        compiled(arch, tests, False, deny, program_pid)

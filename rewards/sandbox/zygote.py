@@ -191,6 +191,11 @@ def main(argv: list[str]) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
     fork_libc = ctypes.PyDLL(None, use_errno=True)  # keeps the GIL across clone(2), as os.fork does
+    # What every run would otherwise build in its own copy-on-write memory: libc's functions, the seccomp filters
+    # (a run's PID 1 runs the tests; the program's process is its first child, pid 2).
+    for name in ("prctl", "unshare", "mount", "capget", "capset"):
+        getattr(libc, name)
+    boot.seccomp.warm((1, 2))
     gc.freeze()  # the zygote's objects are never collected again: a run's collections do not touch (copy) them
     control.send(b"R")
     while True:

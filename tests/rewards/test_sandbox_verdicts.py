@@ -163,6 +163,18 @@ math = Yes()
 def add(a, b):
     return -1
 """,
+    "signals_the_tests_side": """
+import ctypes, os, signal
+def add(a, b):
+    return -1
+for target in (1, os.getppid()):  # the run's PID 1: the supervisor that runs the tests
+    for send in (os.kill, ctypes.CDLL(None).kill):
+        for sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGINT):
+            try:
+                send(target, sig)
+            except OSError:
+                pass
+""",
 }
 SPECIAL_TESTS = {
     "replaced_builtins": ["assert abs(add(1, 2) - 3) < 1e-9", "assert sorted([add(1, 2)]) == sorted([3])"],
@@ -276,6 +288,32 @@ def test_program_exit_or_crash_mid_tests_fails_the_rest():
     result = run_python(program, tests=TESTS, timeout_s=20)
     assert result.tests_passed == (True, False, False)
     assert result.status == "error"
+
+
+@pytest.mark.parametrize("isolation", ["process", *MODES[1:]])
+def test_a_program_still_running_after_the_tests_is_stopped_not_waited_for(isolation):
+    """The tests' side stops the program's process once the verdict is in (a thread that keeps it alive is
+    not waited for), and that is not the program's failure."""
+    program = "import threading, time\ndef add(a, b):\n    return a + b\nthreading.Thread(target=time.sleep, args=(60,)).start()\n"
+    result = run_python(program, tests=TESTS, timeout_s=20, isolation=isolation)
+    assert result.tests_passed == (True, True, True), result.stderr
+    assert result.status == "ok", result
+
+
+@pytest.mark.parametrize("isolation", ["process", *MODES[1:]])
+def test_a_flood_of_diagnostics_during_the_tests_does_not_stall_them(isolation):
+    """The program's diagnostics (an exception type per failed call) are read once the tests are done: 400
+    calls, each raising an exception of its own ~900-character type name, still finish, and the run reports at
+    most 256 of them."""
+    program = (
+        "n = 0\ndef add(a, b):\n    global n\n    n += 1\n"
+        "    raise type('E' + 'x' * 900 + str(n), (Exception,), {})()\n"
+    )
+    test = "for i in range(400):\n    try:\n        add(1, 2)\n    except Exception:\n        pass\n"
+    result = run_python(program, tests=[test], timeout_s=30, isolation=isolation)
+    assert result.tests_passed == (True,), result
+    assert result.status == "ok"
+    assert 100 <= len(result.exceptions) <= 256
 
 
 @pytest.mark.parametrize("isolation", ["process", *MODES[1:]])
