@@ -21,12 +21,14 @@ Steps, in order:
    this process reads and vets; it cannot write a verdict.
 4. Only then read the verdict file. Without tests, stay as the supervisor: forward the program's
    diagnostics, wait for it, report how it ended (exit status, CPU time from ``wait4``), and exit.
-5. With tests, become the **tests' process** (:func:`_judge`): once the program's set-up line is passed on,
-   confine this process the same way (its seccomp filter and audit hook let it signal the program's
-   process, and no other), then run each test snippet. It never executes the program's code: it sees the
+5. With tests, become the **tests' process** (:func:`_judge`): confine this process the same way (its
+   seccomp filter and audit hook let it signal the program's process, and no other), wait for the
+   program's set-up line, then run each test snippet. It never executes the program's code: it sees the
    program's globals as proxies that carry plain values only, and reports each pass as ``<nonce> pass <i>``
-   on the result pipe (file descriptor ``RESULT_FD``). Then stop the program's process if it still runs,
-   pass its diagnostics on (:mod:`~rewards.sandbox.supervisor`), report how the run ended, and exit; with a
+   on the result pipe (file descriptor ``RESULT_FD``). While it waits for the program's answers it also
+   passes the program's diagnostics on as they come (:mod:`~rewards.sandbox.supervisor`), so they survive a
+   timeout and never fill their pipe. Then stop the program's process if it still runs, report how the run
+   ended, and exit; with a
    PID namespace that makes the kernel kill every process left in it. One process fewer than a tests'
    process of its own, which is most of a run's cost (each forked interpreter pays its page tables, its
    copy-on-write faults and its exit).
@@ -43,7 +45,6 @@ import builtins
 import contextlib
 import ctypes
 import errno
-import fcntl
 import functools
 import importlib.util
 import json
@@ -59,9 +60,6 @@ import traceback
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
 _CAPABILITY_VERSION_3 = 0x20080522
 _MISSING = object()
-_DIAGNOSTICS_PIPE_BYTES = 1 << 20
-"""The program's diagnostics pipe with tests (Linux's default ``pipe-max-size``): the supervisor passes at most
-256 lines of at most 1,000 characters on, and reads them once the tests are done."""
 _MAX_TASKS = 64
 """Tasks (processes and threads) of the sandbox's uid inside the boundary, with one process allowed."""
 
@@ -227,24 +225,14 @@ def program_side(config: dict, diagnostics: Channel, requests: int | None, answe
     return 0
 
 
-def tests_side(
-    tests: list[str], channel: Channel, requests: int, answers: int, setup: str | None = None
-) -> int:
-    """The tests' process after :func:`confine`: run the set-up, then each test against the program's globals,
-    report passes.
+def tests_side(link, tests: list[str], channel: Channel, setup: str | None = None) -> int:  # noqa: ANN001
+    """The tests' side after :func:`confine`: run the set-up, then each test against the program's globals
+    (``link``: a ``channel.Link`` to the program's process), report passes; 1 when a test failed, else 0.
 
     ``setup`` (e.g. MBPP's ``test_setup_code``) runs here, in the tests' namespace after the program's globals,
     so what it defines is the tests' own: the program can neither see nor rewrite it. A set-up that raises
-    fails every test. The channel is closed at the end: the program's process reads end-of-file.
+    fails every test.
     """
-    link = wire.Link(requests, answers, trusted)
-    try:
-        return _run_tests(link, tests, channel, setup)
-    finally:
-        link.close()
-
-
-def _run_tests(link, tests: list[str], channel: Channel, setup: str | None) -> int:  # noqa: ANN001 - wire.Link
     try:
         names, shadows = link.globals()
     except wire.ProgramGone as exc:
@@ -360,9 +348,6 @@ def run(config: dict, verdict_fd: int, result_fd: int) -> None:
         os._exit(SETUP_FAILED)
     testing = config["testing"]
     diagnostics_read, diagnostics_write = os.pipe()
-    if testing:  # read after the tests: room for every diagnostic the supervisor passes on, unread meanwhile
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(diagnostics_write, fcntl.F_SETPIPE_SZ, _DIAGNOSTICS_PIPE_BYTES)
     gate_read, gate_write = os.pipe()
     requests = os.pipe() if testing else None
     answers = os.pipe() if testing else None
@@ -384,7 +369,7 @@ def run(config: dict, verdict_fd: int, result_fd: int) -> None:
     forwarder = supervisor.Forwarder(diagnostics_read, channel, gate_write)
     if not testing:
         os._exit(supervisor.report(channel, *supervisor.wait_program(program, result_fd, forwarder), None))
-    os._exit(_judge(config, verdict, channel, program, requests[1], answers[0], forwarder))
+    os._exit(_judge(config, verdict, channel, program, requests[1], answers[0], forwarder))  # or _leave
 
 
 def _judge(  # noqa: PLR0913
@@ -398,11 +383,11 @@ def _judge(  # noqa: PLR0913
 ) -> int:
     """Step 5: this process becomes the tests' process, then reports how the run ended; its exit status.
 
-    Once the program's set-up line is passed on, it confines itself as the program's process did (the seccomp
-    filter and the audit hook let it signal the program's process and no other), runs the tests, stops the
-    program's process if it still runs (the verdict is in: not counted as the program's failure) and reports.
+    It confines itself as the program's process did (the seccomp filter and the audit hook let it signal the
+    program's process and no other), waits for the program's set-up line, runs the tests (passing the
+    program's diagnostics on as they come), stops the program's process if it still runs (the verdict is in:
+    not counted as the program's failure) and reports.
     """
-    forwarder.until_first_line()  # the program's set-up (or set-up error) is on the result pipe
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -412,14 +397,32 @@ def _judge(  # noqa: PLR0913
         channel.send("setup_error", f"tests: {exc}")
         return SETUP_FAILED
     audit.install(config, channel, may_signal=program)
+
+    def out_of_cpu(signum: int, frame: object) -> None:
+        # As the PID namespace's init this process ignores SIGXCPU by default (and would die by the hard
+        # limit's SIGKILL a second later, unreported); a tests' side out of CPU fails the run, reported.
+        _leave(channel, supervisor.stop_program(program, forwarder, None, drain=False), 1)
+
+    signal.signal(signal.SIGXCPU, out_of_cpu)
+    forwarder.until_first_line()  # the program's set-up (or set-up error) is on the result pipe
+    link = wire.Link(requests, answers, trusted, watch=(forwarder.fd, forwarder.read))
     try:
-        failed = tests_side(verdict["tests"], channel, requests, answers, verdict.get("setup"))
+        failed = tests_side(link, verdict["tests"], channel, verdict.get("setup"))
     except BaseException:  # noqa: BLE001 - whatever the tests do, the run is reported
         failed = 1
+    # Whether the program's process ended on its own, asked before the channel closes (it ends at end-of-file
+    # then): a program that ends later is stopped after the verdict, not failing, whatever its exit status.
+    ended = os.wait4(program, os.WNOHANG)
+    link.close()
+    _leave(channel, supervisor.stop_program(program, forwarder, ended), failed)
+
+
+def _leave(channel: Channel, ended: tuple[int, object], failed: int) -> None:
+    """Report how a run with tests ended and exit; never returns."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):
             stream.flush()
-    return supervisor.report(channel, *supervisor.stop_program(program, forwarder), failed)
+    os._exit(supervisor.report(channel, *ended, failed))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import json
 import math
 import operator
 import os
+import select
 import types
 from typing import Any
 
@@ -303,18 +304,44 @@ def serve(namespace: dict, requests: int, answers: int, report: Any = None) -> N
 class Link:
     """The test side of the channel: sends requests, rebuilds answers, keeps one :class:`Remote` per handle."""
 
-    def __init__(self, requests: int, answers: int, modules: Any) -> None:
-        """``modules``: :mod:`rewards.sandbox.trusted` (passed in: boot.py loads both files by path)."""
+    def __init__(self, requests: int, answers: int, modules: Any, watch: Any = None) -> None:
+        """``modules``: :mod:`rewards.sandbox.trusted` (passed in: boot.py loads both files by path). ``watch``:
+        ``(fd, read)``, a descriptor served while the tests wait for an answer (``read()`` when it is ready;
+        False: done with it), so what the program's process reports meanwhile is passed on as it comes."""
         self._modules = modules
         self._writer = os.fdopen(requests, "wb", buffering=0)
-        self._reader = os.fdopen(answers, "rb")
+        self._answers = answers
+        self._buffer = bytearray()
+        self._watch = watch if watch is not None and watch[0] >= 0 else None
         self._remotes: dict[int, Remote] = {}
         self._gone: str | None = None
+
+    def _line(self) -> bytes:
+        """The program's next line: at most ``MAX_MESSAGE_BYTES + 1`` bytes, without a newline at the end when
+        the program went away (end-of-file) or sent more."""
+        while True:
+            end = self._buffer.find(b"\n", 0, MAX_MESSAGE_BYTES + 1)
+            if end >= 0 or len(self._buffer) > MAX_MESSAGE_BYTES:
+                size = end + 1 if end >= 0 else MAX_MESSAGE_BYTES + 1
+                line = bytes(self._buffer[:size])
+                del self._buffer[:size]
+                return line
+            if self._watch is not None:
+                fd, read = self._watch
+                ready = select.select([self._answers, fd], [], [])[0]
+                if fd in ready and not read():
+                    self._watch = None
+                if self._answers not in ready:
+                    continue
+            chunk = os.read(self._answers, 1 << 16)
+            if not chunk:
+                return bytes(self._buffer)
+            self._buffer += chunk
 
     def _receive(self) -> dict:
         if self._gone is not None:
             raise ProgramGone(self._gone)
-        line = self._reader.readline(MAX_MESSAGE_BYTES + 1)
+        line = self._line()
         if not line.endswith(b"\n"):
             self._gone = (
                 "the program's process exited or crashed"
@@ -341,9 +368,12 @@ class Link:
 
     def close(self) -> None:
         """Close both pipes: the program side reads end-of-file and stops answering."""
-        for stream in (self._writer, self._reader):
+        with contextlib.suppress(OSError):
+            self._writer.close()
+        if self._answers >= 0:
             with contextlib.suppress(OSError):
-                stream.close()
+                os.close(self._answers)
+            self._answers = -1
 
     def globals(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The program's globals as the tests see them, and apart from them those that shadow a built-in or a

@@ -142,16 +142,21 @@ def wait_program(program: int, result_fd: int, forwarder: Forwarder) -> tuple[in
     return status, usage
 
 
-def stop_program(program: int, forwarder: Forwarder) -> tuple[int, object]:
-    """The program's ``(status, rusage)`` once the tests are done: as it ended, or, still running, killed and
-    counted as if it exited 0 (the verdict is in; not the program's failure). Its last diagnostics passed on."""
-    pid, status, usage = os.wait4(program, os.WNOHANG)
-    if pid == 0:
+def stop_program(
+    program: int, forwarder: Forwarder, ended: tuple[int, int, object] | None, drain: bool = True
+) -> tuple[int, object]:
+    """The program's ``(status, rusage)`` once the tests are done: as it ended on its own (``ended``: its
+    ``wait4(WNOHANG)`` taken before the tests' channel closed), or else killed and counted as if it exited 0
+    (the verdict is in; not the program's failure, whatever it did after). Its last diagnostics passed on."""
+    if ended is not None and ended[0] != 0:
+        status, usage = ended[1], ended[2]
+    else:
         with contextlib.suppress(OSError):
             os.kill(program, signal.SIGKILL)
         _, _, usage = os.wait4(program, 0)
         status = 0
-    forwarder.drain(DRAIN_S)
+    if drain:
+        forwarder.drain(DRAIN_S)
     return status, usage
 
 

@@ -103,6 +103,7 @@ _CLONE_NEWNS, _CLONE_NEWCGROUP, _CLONE_NEWUTS, _CLONE_NEWIPC, _CLONE_NEWPID = (
 _MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 2, 4, 0x4000, 1 << 18
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE = 1, 4
 _SYS_CLONE = {"x86_64": 56, "aarch64": 220}
+_ZEROS = tuple(ctypes.c_long(0) for _ in range(4))  # clone's stack (the caller's, as fork), tid pointers, TLS
 _RESULT, _CONFIG, _VERDICT = 3, 4, 5
 """Where PID 1 puts the result pipe, the config and the verdict."""
 
@@ -125,21 +126,28 @@ def _place(fds: list[int]) -> None:
 def _fork_pid1(libc: ctypes.CDLL) -> int:
     """``os.fork()`` whose child is PID 1 of a new PID namespace: ``clone(CLONE_NEWPID | SIGCHLD)``, with the fork
     hooks ``os.fork`` runs around ``fork(2)`` (the import lock, ``threading``'s and ``random``'s reinit in the
-    child); the zygote has no other thread. The child's pid (0 in the child)."""
+    child). The child's pid (0 in the child).
+
+    Sound because the zygote has one thread (:func:`main` checks): glibc's own fork-time resets (malloc's and
+    stdio's locks, ``pthread_atfork`` handlers) matter only with other threads. No tid pointer is passed, so
+    glibc's cached tid in the child is the zygote's: 1 there and 1 in the new namespace (the zygote is its
+    slot's PID 1, ``--as-pid-1``), and ``raise``/``pthread_kill`` of itself ask the kernel anyway. Only zeros
+    follow the flags, so the architectures' different argument orders (x86_64: stack, parent tid, child tid,
+    TLS; aarch64: stack, parent tid, TLS, child tid) do not matter."""
     number = _SYS_CLONE.get(platform.machine())
     if number is None:
         raise OSError(errno.ENOSYS, f"sandbox slots know clone(2) on {', '.join(_SYS_CLONE)} only")
+    arguments = (ctypes.c_long(number), ctypes.c_long(_CLONE_NEWPID | signal.SIGCHLD), *_ZEROS)
     api = ctypes.pythonapi
     api.PyOS_BeforeFork()
-    pid = libc.syscall(
-        ctypes.c_long(number),
-        ctypes.c_long(_CLONE_NEWPID | signal.SIGCHLD),
-        *(ctypes.c_long(0) for _ in range(4)),  # the caller's stack (as fork), no tid pointers, no TLS
-    )
-    if pid == 0:
-        api.PyOS_AfterFork_Child()
-        return 0
-    api.PyOS_AfterFork_Parent()
+    pid = -1
+    try:
+        pid = libc.syscall(*arguments)
+    finally:
+        if pid == 0:
+            api.PyOS_AfterFork_Child()
+        else:
+            api.PyOS_AfterFork_Parent()
     if pid < 0:
         code = ctypes.get_errno()
         raise OSError(code, f"clone: {os.strerror(code)}")
@@ -191,6 +199,8 @@ def main(argv: list[str]) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
     fork_libc = ctypes.PyDLL(None, use_errno=True)  # keeps the GIL across clone(2), as os.fork does
+    if len(os.listdir("/proc/self/task")) != 1:  # what _fork_pid1 relies on
+        raise SystemExit("sandbox zygote: another thread is running; cannot fork runs with clone(2)")
     # What every run would otherwise build in its own copy-on-write memory: libc's functions, the seccomp filters
     # (a run's PID 1 runs the tests; the program's process is its first child, pid 2).
     for name in ("prctl", "unshare", "mount", "capget", "capset"):

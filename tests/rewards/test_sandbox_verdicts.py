@@ -14,7 +14,7 @@ import asyncio
 import pytest
 
 from rewards.code import make_code_execution_reward
-from rewards.sandbox import run_python, sandbox_isolation
+from rewards.sandbox import Limits, run_python, sandbox_isolation
 
 MODES = ["unsafe_process", *(["namespaces"] if sandbox_isolation().namespaces else [])]
 TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(0, 0) == 0"]
@@ -314,6 +314,39 @@ def test_a_flood_of_diagnostics_during_the_tests_does_not_stall_them(isolation):
     assert result.tests_passed == (True,), result
     assert result.status == "ok"
     assert 100 <= len(result.exceptions) <= 256
+
+
+@pytest.mark.parametrize("isolation", ["process", *MODES[1:]])
+def test_what_the_program_reports_during_the_tests_survives_a_timeout(isolation):
+    """A limit the program's process ran into while answering a test is passed on as it happens: a run then
+    killed by its wall-clock timeout still reads ``memory`` (once lost: the diagnostics were read after the
+    tests only)."""
+    program = "import time\ndef f(x):\n    if x == 1:\n        raise MemoryError()\n    time.sleep(60)\n"
+    test = "try:\n    f(1)\nexcept MemoryError:\n    pass\nf(2)\n"
+    result = run_python(program, tests=[test], timeout_s=3, isolation=isolation)
+    assert result.status == "timeout"
+    assert "memory" in result.limits_hit and "MemoryError" in result.exceptions, result
+
+
+@pytest.mark.parametrize("isolation", ["process", *MODES[1:]])
+def test_tests_that_run_out_of_cpu_fail_the_run_and_are_reported(isolation):
+    """The tests' side runs under the run's CPU limit; out of it, the run fails with the tests' exit status and
+    the program's report (once, as a PID namespace's init, it ignored SIGXCPU and died unreported by the hard
+    limit a second later)."""
+    result = run_python(
+        "def add(a, b):\n    return a + b\n", tests=["while True:\n    pass\n"], limits=Limits(cpu_s=1),
+        timeout_s=20, isolation=isolation,
+    )  # fmt: skip
+    assert result.status == "error" and result.exit_code == 1 and result.signal is None, result
+    assert result.cpu_s is not None and result.tests_passed == (False,)
+
+
+def test_a_program_that_ends_after_the_verdict_is_not_failed_by_it():
+    """Once the tests are done, what the program's process does as it ends (here: exit status 3 from an
+    ``atexit`` handler) is not its failure: every run reads ``ok`` (once 1 in 8 read ``error``, a race)."""
+    program = "import atexit, os\natexit.register(lambda: os._exit(3))\ndef add(a, b):\n    return a + b\n"
+    results = [run_python(program, tests=TESTS, timeout_s=20) for _ in range(12)]
+    assert {(r.status, r.exit_code, r.tests_passed) for r in results} == {("ok", 0, (True, True, True))}
 
 
 @pytest.mark.parametrize("isolation", ["process", *MODES[1:]])
