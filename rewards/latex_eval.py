@@ -271,15 +271,23 @@ _FAILURES = (Unreadable, ValueError, ZeroDivisionError, OverflowError, Recursion
 
 
 @lru_cache(maxsize=65536)
+def own_names(s: str) -> tuple[str, ...] | None:
+    """The variables of ``s`` (sorted), or None when the tokenizer cannot read it."""
+    if _simple_value(s) is not None:
+        return ()
+    try:
+        return tuple(variable_names(tokenize(s)))
+    except Unreadable:
+        return None
+
+
+@lru_cache(maxsize=65536)
 def _names(s: str, variables: tuple[str, ...]) -> tuple[str, ...] | None:
     """The variables ``s`` is evaluated over (its own and ``variables``), or None when it cannot be read."""
-    if _simple_value(s) is not None:
-        names = tuple(sorted(set(variables)))
-    else:
-        try:
-            names = tuple(sorted(set(variable_names(tokenize(s))) | set(variables)))
-        except Unreadable:
-            return None
+    own = own_names(s)
+    if own is None:
+        return None
+    names = tuple(sorted({*own, *variables})) if variables else own
     return None if len(names) > len(POINTS[0]) else names
 
 

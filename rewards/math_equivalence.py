@@ -35,15 +35,14 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from rewards.latex_eval import (
-    Unreadable,
     _names,
     _simple_value,
     evaluate,
+    own_names,
     same_everywhere,
     same_value,
     tokenize,
     value_at,
-    variable_names,
 )
 from rewards.math_fallback import symbolic_equal
 
@@ -291,10 +290,12 @@ def _decide(a: str, g: str) -> bool | None:
     if not (a.endswith("%") or g.endswith("%")):
         # Two values the evaluator reads that differ where it first looks: every step below says False too (the
         # steps that could say True or None need an answer it cannot read), so none of them runs.
-        names = tuple(sorted(set(_var_names(a) or ()) | set(_var_names(g) or ())))
-        x, y = value_at(a, names), value_at(g, names)
-        if x is not None and y is not None and not same_value(x, y):
-            return False
+        own_a, own_g = own_names(a), own_names(g)
+        if own_a is not None and own_g is not None:  # else one cannot be read: no value to tell them apart
+            names = own_a if own_a == own_g or not own_g else own_g if not own_a else _union(own_a, own_g)
+            x, y = value_at(a, names), value_at(g, names)
+            if x is not None and y is not None and not same_value(x, y):
+                return False
     ta, tg = _traits(a), _traits(g)
     matrix_a, matrix_g = ta.matrix, tg.matrix
     if matrix_a is not None or matrix_g is not None:
@@ -335,7 +336,7 @@ def _decide(a: str, g: str) -> bool | None:
     undecided = False
     for form_a in _percent_forms(a, g):
         for form_g in _percent_forms(g, a):
-            names = tuple(sorted(set(_var_names(form_a) or ()) | set(_var_names(form_g) or ())))
+            names = _union(own_names(form_a) or (), own_names(form_g) or ())
             same = same_everywhere(form_a, form_g, names)
             if same:
                 return True
@@ -379,13 +380,9 @@ def _matrix(s: str) -> list[list[str]] | None:
     return [row.split("&") for row in rows]
 
 
-@lru_cache(maxsize=65536)
-def _var_names(s: str) -> list[str] | None:
-    """The variables of ``s`` (sorted), or None when it cannot be read."""
-    try:
-        return variable_names(tokenize(s))
-    except Unreadable:
-        return None
+def _union(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    """Two sorted tuples of variable names as one."""
+    return a if a == b or not b else b if not a else tuple(sorted({*a, *b}))
 
 
 def _same_set(xs: list[str], ys: list[str]) -> bool | None:
@@ -431,6 +428,6 @@ def _math_equal(a: str, g: str) -> bool | None:
 
 def clear_caches() -> None:
     """Empty every cache of this module and of :mod:`rewards.latex_eval` (benchmarks time a cold start)."""
-    caches = (_plain_number, _parts, _traits, _is_number, _var_names, _math_equal, symbolic_equal)
-    for cached in (*caches, value_at, _names, tokenize, _simple_value):
+    caches = (_plain_number, _parts, _traits, _is_number, _math_equal, symbolic_equal)
+    for cached in (*caches, value_at, _names, own_names, tokenize, _simple_value):
         cached.cache_clear()
