@@ -7,7 +7,10 @@ A randomly initialised **Qwen3-0.6B-shaped** model (Qwen3-0.6B's config: 28 laye
 16 query / 8 key-value heads of 128, MLP 3072, 151,936-token vocabulary, tied embeddings) is built
 offline with the tiny Qwen3 tokenizer (TRL's ``qwen3.jinja`` verbatim) padded with placeholder
 tokens to the real vocabulary size, so every id the model can sample decodes. Then, each as the
-user's own entry script in its own process, on the project's small local datasets:
+user's own entry script in its own process, on the project's small local datasets (no Hub), with the
+**shapes of the shipped Qwen3-0.6B recipe** of that stage (:data:`RECIPES`: batch geometry, sequence and
+completion lengths, generation count, packing, the LoRA set-up; :func:`recipe_shape`). With ``--cpu`` the
+same code path runs the tiny twins with those sizes capped at the tiny recipes' own:
 
 ========== ===================================================================================
 stage      what runs
@@ -22,11 +25,13 @@ async_nccl ``grpo.py --grpo_execution async`` as the recipes ship it: FlashAtten
 distill    ``distill.py``: local teacher (a second random model of the same shape), LoRA student
 ========== ===================================================================================
 
-Per stage the JSON holds the exit status, steps, mean step time, training tokens/s (TRL's
+A missing package stops it at once with the one command that sets it up (``pip install -e '.[gpu]'``).
+Per stage the JSON holds the recipe whose shapes it ran and those shapes, the exit status, steps, mean step time, training tokens/s (TRL's
 ``num_tokens``, or async GRPO's ``batch/trained_tokens_per_step`` summed, over ``train_runtime``), the trainer's peak GPU memory
 (``torch.cuda.max_memory_allocated``, from ``run_summary.json``; vLLM's own pool is not in it),
 and the log tail of a failed stage; ``async_vs_sync`` is each async stage's tokens/s over sync GRPO's with vLLM.
-Nothing here asserts a speed: the numbers are for the reader. A stage that was skipped fails the run (exit 1)
+``total_s`` is the whole run, models built included (meant to fit in 10 minutes on one H100/H200-class GPU
+at the default 3 steps a stage). Nothing here asserts a speed: the numbers are for the reader. A stage that was skipped fails the run (exit 1)
 unless ``--allow_skips`` is given.
 """
 
@@ -59,12 +64,67 @@ QWEN3_06B = dict(
     tie_word_embeddings=True,
 )
 """Qwen3-0.6B's published config.json (the shape; the weights here are random)."""
+SETUP = "pip install -e '.[gpu]'"
+"""The one command that sets up what this script needs (from the repository root; docs/gpu.md)."""
+NEEDS = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "yaml")
 STAGES = ("sft", "grpo", "grpo_vllm", "async", "async_nccl", "distill")
 CUDA_ONLY = {
     "async_nccl": "NCCL weight transfer and FlashAttention-3 need CUDA and two GPUs (NCCL refuses two ranks on "
     "one device): the server on GPU 1, the trainer on GPU 0"
 }
 OUT = REPO / "bench" / "results" / "gpu_smoke.json"
+RECIPES = {
+    "sft": ("sft", "configs/sft/qwen3-0.6B-sft.yaml", "configs/sft/tiny-cpu.yaml"),
+    "grpo": ("grpo", "configs/grpo/qwen3-0.6B-grpo.yaml", "configs/grpo/tiny-cpu.yaml"),
+    "grpo_vllm": ("grpo", "configs/grpo/qwen3-0.6B-grpo.yaml", "configs/grpo/tiny-cpu.yaml"),
+    "async": ("async_grpo", "configs/grpo/qwen3-0.6B-async.yaml", "configs/grpo/tiny-cpu-async.yaml"),
+    "async_nccl": ("async_grpo", "configs/grpo/qwen3-0.6B-async.yaml", "configs/grpo/tiny-cpu-async.yaml"),
+    "distill": ("distill", "configs/distill/qwen3-0.6B-distill.yaml", "configs/distill/tiny-cpu.yaml"),
+}
+"""Per stage: its defaults layer, the shipped GPU recipe whose shapes it runs, and the tiny recipe it starts from
+(local data, no Hub)."""
+SHAPE_KEYS = (
+    "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "max_length",
+    "max_completion_length", "packing", "use_peft", "lora_r", "lora_alpha", "lora_target_modules",
+)  # fmt: skip
+"""What a stage takes from its GPU recipe: batch geometry, lengths, packing and the LoRA set-up."""
+SIZES = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "max_length",
+         "max_completion_length")  # fmt: skip
+"""With ``--cpu`` these are capped at the tiny recipe's own values (the same code path, tiny sizes)."""
+
+
+def _layered(defaults: str, recipe: str) -> dict:
+    """A recipe's keys over its stage's ``_defaults-<stage>.yaml`` (the first two layers the entry scripts use)."""
+    from dna_factory.configuration.config import load_yaml
+
+    values = dict(load_yaml(REPO / "configs" / f"_defaults-{defaults}.yaml", "Defaults file"))
+    values.update(load_yaml(REPO / recipe, "Config file"))
+    return values
+
+
+def recipe_shape(stage: str, cpu: bool) -> dict:
+    """The shape keys of ``stage``'s GPU recipe; with ``cpu``, sizes capped at its tiny recipe's.
+
+    Example:
+        >>> recipe_shape("grpo", cpu=False)["max_completion_length"]
+        2048
+        >>> recipe_shape("grpo", cpu=True)["max_completion_length"]
+        16
+    """
+    defaults, recipe, tiny = RECIPES[stage]
+    shape = {k: v for k, v in _layered(defaults, recipe).items() if k in SHAPE_KEYS}
+    if cpu:
+        small = _layered(defaults, tiny)
+        shape = {k: min(v, small.get(k, v)) if k in SIZES else v for k, v in shape.items()}
+    return shape
+
+
+def _flags(shape: dict) -> list[str]:
+    flags = []
+    for key, value in shape.items():
+        values = value if isinstance(value, list) else [value]
+        flags += [f"--{key}", *(str(v).lower() if isinstance(v, bool) else str(v) for v in values)]
+    return flags
 
 
 def build_model(out: Path, shape: dict, seed: int) -> Path:
@@ -110,7 +170,7 @@ def _stage_command(stage: str, model: str, teacher: str, out: Path, cpu: bool, s
         "--save_steps",
         "1000",
     ]
-    common += ["--logging_steps", "1", "--report_to", "none", *hardware]
+    common += ["--logging_steps", "1", "--report_to", "none", *hardware, *_flags(recipe_shape(stage, cpu))]
     if stage == "sft":
         return ["sft.py", "--config", "configs/sft/tiny-cpu.yaml", *common]
     if stage == "grpo":
@@ -164,6 +224,7 @@ def run_stage(
     print(f"[gpu_smoke] {stage}: {' '.join(command[1:])}", flush=True)
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     result = {"stage": stage, "exit_status": proc.returncode, "wall_s": round(time.time() - started, 1)}
+    result.update(shape_of=RECIPES[stage][1], shape=recipe_shape(stage, cpu))
     if proc.returncode == 0:
         result.update(_measure(out))
     else:
@@ -177,13 +238,16 @@ def run_stage(
 def _async_server(model: str, work: Path, cpu: bool, stage: str):
     from dna_factory.serving.vllm_server import VLLMServer
 
+    # room for the recipe's completions after a prompt (the local prompts are short; 2,048 tokens is ample)
+    max_model_len = 1024 if cpu else recipe_shape(stage, cpu)["max_completion_length"] + 2048
+
     nccl = ["--weight-transfer-config", '{"backend": "nccl"}'] if stage == "async_nccl" else []
     server = VLLMServer(
         model,
         served_model_name=[model],
         extra_args=[
             "--max-model-len",
-            "1024",
+            str(max_model_len),
             "--logprobs-mode",
             "processed_logprobs",
             "--max-logprobs",
@@ -205,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stages", default=",".join(STAGES), help=f"comma-separated subset of {', '.join(STAGES)}"
     )
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument(
+        "--steps", type=int, default=3, help="optimizer steps per stage (3 keeps a GPU run near 10 minutes)"
+    )
     parser.add_argument(
         "--cpu", action="store_true", help="run on CPU with the tiny twins (checks the script)"
     )
@@ -222,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown stage(s) {sorted(unknown)}; choose from {', '.join(STAGES)}")
 
+    missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"error: {', '.join(missing)} not installed. Set up with (from the repository root): {SETUP}")
+        return 2
     import torch
 
     if not args.cpu and not torch.cuda.is_available():
@@ -229,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             "error: no CUDA device. Run on a GPU machine, or pass --cpu to check the script with the tiny twins."
         )
         return 2
+    began = time.time()  # building the random models counts towards the 10 minutes
     args.work.mkdir(parents=True, exist_ok=True)
     if args.cpu:
         model, teacher = "artifacts/tiny/student", "artifacts/tiny/teacher"
@@ -242,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"stage": stage, "skipped": CUDA_ONLY[stage]})
             continue
         if stage in ("grpo_vllm", "async", "async_nccl") and not has_vllm:
-            results.append({"stage": stage, "skipped": "vLLM is not importable"})
+            results.append({"stage": stage, "skipped": f"vLLM is not importable (set up with: {SETUP})"})
             continue
         server = None
         if stage.startswith("async"):
@@ -266,8 +337,10 @@ def main(argv: list[str] | None = None) -> int:
         else platform.processor() or "cpu"
     )
     rates = {r["stage"]: r.get("train_tokens_per_s") for r in results if r.get("exit_status") == 0}
+    total_s = round(time.time() - began, 1)
     report = {
         "device": device,
+        "total_s": total_s,
         "model": "Qwen3-0.6B-shaped, random weights" if not args.cpu else "tiny twins (--cpu check)",
         "steps_per_stage": args.steps,
         "torch": torch.__version__,
@@ -292,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     for stage, ratio in report["async_vs_sync"].items():
         print(f"{stage} vs sync GRPO with vLLM: {ratio}x the training tokens/s")
-    print(f"\nwritten to {args.out}")
+    print(f"\nall stages: {total_s:.0f} s (the GPU run is meant to fit in 600 s on one H100/H200-class GPU)")
+    print(f"written to {args.out}")
     failed = [r for r in results if r.get("exit_status")]
     skipped = [r["stage"] for r in results if "skipped" in r]
     if skipped and not args.allow_skips:

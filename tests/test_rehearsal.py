@@ -423,7 +423,58 @@ def test_gpu_smoke_script_runs_on_cpu(tmp_path):
     for stage in report["stages"]:
         assert stage["exit_status"] == 0 and stage["steps"] == 2, stage
         assert stage["step_time_s"] > 0 and stage["peak_gpu_memory_gib"] is None
+        assert stage["shape_of"] == gpu_smoke.RECIPES[stage["stage"]][1] and stage["shape"], stage
     assert report["async_vs_sync"]["async"] > 0 and "async vs sync GRPO with vLLM" in proc.stdout
+    assert report["total_s"] > 0 and "all stages:" in proc.stdout
+
+
+def test_gpu_smoke_stages_run_each_gpu_recipes_shapes():
+    """#37 item 2: a smoke stage runs its shipped GPU recipe's batch geometry, lengths, packing and LoRA set-up
+    (read from the recipe files over their defaults), not the tiny recipe's; --cpu caps the sizes at the tiny
+    recipe's own and keeps the rest."""
+
+    def flags(stage: str, cpu: bool) -> str:
+        return " ".join(gpu_smoke._stage_command(stage, "m", "t", Path("o"), cpu=cpu, steps=1))
+
+    recipes = {
+        stage: yaml.safe_load((REPO / recipe).read_text())
+        for stage, (_, recipe, _) in gpu_smoke.RECIPES.items()
+    }
+    sft = recipes["sft"]
+    assert f"--max_length {sft['max_length']} " in flags("sft", False) and "--packing true" in flags(
+        "sft", False
+    )
+    assert f"--gradient_accumulation_steps {sft['gradient_accumulation_steps']} " in flags("sft", False)
+    for stage in ("grpo", "grpo_vllm", "async", "async_nccl"):
+        gpu = flags(stage, False)
+        assert f"--max_completion_length {recipes[stage]['max_completion_length']} " in gpu, stage
+        assert f"--per_device_train_batch_size {recipes[stage]['per_device_train_batch_size']} " in gpu, stage
+        assert "--num_generations 8 " in gpu, stage  # the GRPO defaults layer's, which the recipes keep
+        assert "--max_completion_length 16 " in flags(stage, True), stage  # the tiny recipes' length
+    distill = flags("distill", False)
+    assert f"--lora_target_modules {recipes['distill']['lora_target_modules']} " in distill
+    assert f"--lora_r {recipes['distill']['lora_r']} " in distill
+    assert "--max_completion_length 1024 " in distill and "--max_completion_length 16 " in flags(
+        "distill", True
+    )
+    # the later flags win: the shape is appended after the tiny recipe's --config
+    assert flags("grpo", False).index("--config") < flags("grpo", False).index("--max_completion_length")
+
+
+def test_gpu_smoke_on_a_bare_node_prints_the_one_command_that_sets_it_up():
+    """#37 item 2: without the packages (here: the interpreter without its site-packages, ``-S``), the script
+    stops at once, exit 2, naming what is missing and the one set-up command; not a ModuleNotFoundError."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-S", "scripts/gpu_smoke.py", "--cpu", "--stages", "sft"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert (
+        "torch" in proc.stdout and "pip install -e '.[gpu]'" in proc.stdout and "Traceback" not in proc.stderr
+    )
 
 
 def test_gpu_smoke_fails_when_a_stage_is_skipped_unless_skips_are_allowed(tmp_path):
