@@ -9,7 +9,8 @@ offline with the tiny Qwen3 tokenizer (TRL's ``qwen3.jinja`` verbatim) padded wi
 tokens to the real vocabulary size, so every id the model can sample decodes. Then, each as the
 user's own entry script in its own process, on the project's small local datasets (no Hub), with the
 **shapes of the shipped Qwen3-0.6B recipe** of that stage (:data:`RECIPES`: batch geometry, sequence and
-completion lengths, generation count, packing, the LoRA set-up; :func:`recipe_shape`). With ``--cpu`` the
+completion lengths, generation count, packing, gradient checkpointing, async staleness, the LoRA set-up;
+:func:`recipe_shape`; the local SFT data repeated to fill the packed batches). With ``--cpu`` the
 same code path runs the tiny twins with those sizes capped at the tiny recipes' own:
 
 ========== ===================================================================================
@@ -40,8 +41,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -85,12 +88,18 @@ RECIPES = {
 (local data, no Hub)."""
 SHAPE_KEYS = (
     "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "max_length",
-    "max_completion_length", "packing", "use_peft", "lora_r", "lora_alpha", "lora_target_modules",
+    "max_completion_length", "packing", "gradient_checkpointing", "max_staleness", "use_peft", "lora_r",
+    "lora_alpha", "lora_target_modules", "lora_modules_to_save",
 )  # fmt: skip
-"""What a stage takes from its GPU recipe: batch geometry, lengths, packing and the LoRA set-up."""
+"""What a stage takes from its GPU recipe (over its defaults): batch geometry, lengths, packing, gradient
+checkpointing, async staleness and the LoRA set-up; a key the GPU recipe leaves unset but the tiny recipe sets
+(``lora_modules_to_save``) is reset. Not taken: ``dynamic_sampling: resample`` (random weights score every
+completion 0, so every group would be resampled) and the Hub datasets (the tiny recipes' local data is used)."""
 SIZES = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "max_length",
-         "max_completion_length")  # fmt: skip
+         "max_completion_length", "max_staleness", "lora_r")  # fmt: skip
 """With ``--cpu`` these are capped at the tiny recipe's own values (the same code path, tiny sizes)."""
+UNSET = {"lora_modules_to_save": []}
+"""The GPU recipe's value of a shape key it does not set."""
 
 
 def _layered(defaults: str, recipe: str) -> dict:
@@ -112,17 +121,48 @@ def recipe_shape(stage: str, cpu: bool) -> dict:
         16
     """
     defaults, recipe, tiny = RECIPES[stage]
-    shape = {k: v for k, v in _layered(defaults, recipe).items() if k in SHAPE_KEYS}
+    layered, small = _layered(defaults, recipe), _layered(defaults, tiny)
+    shape = {k: v for k, v in layered.items() if k in SHAPE_KEYS}
+    shape.update({k: v for k, v in UNSET.items() if k in small and k not in layered})
     if cpu:
-        small = _layered(defaults, tiny)
         shape = {k: min(v, small.get(k, v)) if k in SIZES else v for k, v in shape.items()}
     return shape
+
+
+def server_context(stage: str) -> int:
+    """The async server's ``--max-model-len`` on a GPU: the one in the async recipe's start line (with
+    ``token_budget: null`` TRL packs each micro-batch up to it, so it sets the trained batch)."""
+    recipe = (REPO / RECIPES[stage][1]).read_text()
+    match = re.search(r"--max-model-len (\d+)", recipe)
+    if match is None:
+        raise SystemExit(f"error: {RECIPES[stage][1]} has no --max-model-len in its server start line")
+    return int(match.group(1))
+
+
+def sft_copies(shape: dict, steps: int) -> int:
+    """How many copies of the tiny SFT data fill ``steps`` (+1) packed batches of ``shape`` (the local data is
+    about 12k tokens; the recipe's step takes 4 x 8 x 8,192)."""
+    from transformers import AutoTokenizer
+
+    if not shape.get("packing"):
+        return 1
+    tokenizer = AutoTokenizer.from_pretrained(REPO / "artifacts" / "tiny" / "student")
+    tokens = 0
+    for entry in _layered(*RECIPES["sft"][::2])["datasets"]:
+        for line in (REPO / entry["path"]).read_text().splitlines():
+            if line.strip():
+                text = tokenizer.apply_chat_template(json.loads(line)["messages"], tokenize=False)
+                tokens += len(tokenizer(text)["input_ids"])
+    per_step = (
+        shape["per_device_train_batch_size"] * shape["gradient_accumulation_steps"] * shape["max_length"]
+    )
+    return max(1, math.ceil(per_step * (steps + 1) / max(tokens, 1)))
 
 
 def _flags(shape: dict) -> list[str]:
     flags = []
     for key, value in shape.items():
-        values = value if isinstance(value, list) else [value]
+        values = (value or ["[]"]) if isinstance(value, list) else [value]
         flags += [f"--{key}", *(str(v).lower() if isinstance(v, bool) else str(v) for v in values)]
     return flags
 
@@ -172,7 +212,16 @@ def _stage_command(stage: str, model: str, teacher: str, out: Path, cpu: bool, s
     ]
     common += ["--logging_steps", "1", "--report_to", "none", *hardware, *_flags(recipe_shape(stage, cpu))]
     if stage == "sft":
-        return ["sft.py", "--config", "configs/sft/tiny-cpu.yaml", *common]
+        copies = sft_copies(recipe_shape(stage, cpu), steps)
+        datasets = [{**entry, "weight": copies} for entry in _layered(*RECIPES["sft"][::2])["datasets"]]
+        return [
+            "sft.py",
+            "--config",
+            "configs/sft/tiny-cpu.yaml",
+            *common,
+            "--datasets",
+            json.dumps(datasets),
+        ]
     if stage == "grpo":
         return ["grpo.py", "--config", "configs/grpo/tiny-cpu.yaml", *common, "--use_vllm", "false"]
     if stage == "grpo_vllm":
@@ -238,8 +287,8 @@ def run_stage(
 def _async_server(model: str, work: Path, cpu: bool, stage: str):
     from dna_factory.serving.vllm_server import VLLMServer
 
-    # room for the recipe's completions after a prompt (the local prompts are short; 2,048 tokens is ample)
-    max_model_len = 1024 if cpu else recipe_shape(stage, cpu)["max_completion_length"] + 2048
+    # the async recipe's own server context (its start line): with token_budget null it sets the trained batch
+    max_model_len = 1024 if cpu else server_context(stage)
 
     nccl = ["--weight-transfer-config", '{"backend": "nccl"}'] if stage == "async_nccl" else []
     server = VLLMServer(
@@ -288,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown stage(s) {sorted(unknown)}; choose from {', '.join(STAGES)}")
 
-    missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
+    needs = NEEDS if args.cpu else (*NEEDS, "vllm", "kernels")  # the GPU extra's two; --cpu skips vLLM stages
+    missing = [name for name in needs if importlib.util.find_spec(name) is None]
     if missing:
         print(f"error: {', '.join(missing)} not installed. Set up with (from the repository root): {SETUP}")
         return 2

@@ -457,6 +457,13 @@ def test_gpu_smoke_stages_run_each_gpu_recipes_shapes():
     assert "--max_completion_length 1024 " in distill and "--max_completion_length 16 " in flags(
         "distill", True
     )
+    assert "--lora_modules_to_save []" in distill  # the tiny recipe's [lm_head] is not the GPU recipe's
+    assert "--gradient_checkpointing true" in distill and "--max_staleness 4 " in flags("async", False)
+    # the local SFT data repeated to fill the recipe's packed batches (4 x 8 x 8,192 tokens a step); once on --cpu
+    assert '"weight": 1}' not in flags("sft", False) and '"weight": 1}' in flags("sft", True)
+    assert (
+        gpu_smoke.server_context("async") == 16384
+    )  # the async recipe's start line: it sets the trained batch
     # the later flags win: the shape is appended after the tiny recipe's --config
     assert flags("grpo", False).index("--config") < flags("grpo", False).index("--max_completion_length")
 
