@@ -214,11 +214,13 @@ def normalize_answer(text: str) -> str:
 
 
 @lru_cache(maxsize=4096)
-def _normalized_gold(extractor: str, gold: str) -> str | None:
-    """Normalised gold answer; cached because GRPO repeats each gold num_generations times."""
-    extracted = EXTRACTORS[extractor](gold)
-    normalized = normalize_answer(extracted if extracted is not None else gold)
-    return normalized or None
+def _normalized_gold(extractor: str, gold: str) -> tuple[str | None, str, bool]:
+    """``(normalised gold or None, gold as extracted, whether normalising the normalised gold leaves it
+    unchanged)``; cached because GRPO repeats each gold num_generations times. The extracted gold is the raw
+    cell when the extractor finds nothing."""
+    answer = _gold_answer(extractor, gold)
+    normalized = normalize_answer(answer) or None
+    return normalized, answer, normalized is not None and normalize_answer(normalized) == normalized
 
 
 @lru_cache(maxsize=4096)
@@ -277,21 +279,37 @@ class StringMatchReward(Reward):
             self.equivalence == "math",
         )
         scores: list[float | None] = [None] * n
-        undecided = []  # (index, answer, gold text): equal in another form? (equivalence: math)
+        undecided = []  # (index, answer, gold answer): equal in another form? (equivalence: math)
+        gold_parts = _normalized_gold
         for i, (completion, gold, applies_here) in enumerate(zip(completions, golds, applies, strict=True)):
-            gold_text = _gold_string(gold) if applies_here else None
-            gold_norm = _normalized_gold(gold_extractor, gold_text) if gold_text is not None else None
+            if not applies_here:
+                continue
+            # A str gold needs no _gold_string: one that is blank normalises to "" (None below) all the same.
+            gold_text = gold if type(gold) is str else _gold_string(gold)
+            if gold_text is None:
+                continue
+            gold_norm, gold_answer, fixed = gold_parts(gold_extractor, gold_text)
             if gold_norm is None:
                 continue
-            answer = extract(completion_text(completion))
-            if answer is not None and normalize_answer(answer) == gold_norm:
+            if (  # completion_text's common case inline: one assistant message with str content
+                type(completion) is list
+                and len(completion) == 1
+                and type(message := completion[0]) is dict
+                and type(text := message.get("content")) is str
+                and message.get("role", "assistant") == "assistant"
+            ):
+                answer = extract(text)
+            else:
+                answer = extract(completion_text(completion))
+            # An answer written exactly as the normalised gold normalises to it when that is a fixed point.
+            if answer is not None and ((fixed and answer == gold_norm) or normalize_answer(answer) == gold_norm):
                 scores[i] = 1.0
                 continue
             scores[i] = 0.0
             if math and answer is not None:
-                undecided.append((i, answer, gold_text))
-        for i, answer, gold_text in undecided:  # None when undecidable in time
-            verdict = math_equal(answer, _gold_answer(gold_extractor, gold_text))
+                undecided.append((i, answer, gold_answer))
+        for i, answer, gold_answer in undecided:  # None when undecidable in time
+            verdict = math_equal(answer, gold_answer)
             scores[i] = None if verdict is None else float(verdict)
         return scores
 
