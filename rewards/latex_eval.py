@@ -340,25 +340,36 @@ def same_everywhere(a: str, b: str, variables: tuple[str, ...] = ()) -> bool | N
 
 
 _NUMBER = r"(?:\d+\.?\d*|\.\d+)"  # the tokenizer's number
-_SIMPLE = re.compile(rf"(-?)(?:({_NUMBER})|\\frac\{{({_NUMBER})\}}\{{({_NUMBER})\}})")
+_SIMPLE = re.compile(
+    rf"(-?)(?:({_NUMBER})|\\frac\{{({_NUMBER})\}}\{{({_NUMBER})\}}|({_NUMBER})/({_NUMBER}))"
+)
 
 
 @lru_cache(maxsize=65536)
 def _simple_value(s: str) -> Fraction | None:
-    r"""The exact value of ``s`` when it is a signed number or ``\frac`` of two numbers, as the parser reads it;
-    None for anything else (a zero denominator included: the parser decides)."""
+    r"""The exact value of ``s`` when it is a signed number, a ``\frac`` of two numbers or two numbers with a
+    slash (``3/4``), as the parser reads it; None for anything else (a zero denominator included: the parser
+    decides)."""
     m = _SIMPLE.fullmatch(s)
     if m is None:
         return None
-    sign, number, top, bottom = m.groups()
+    sign, number, top, bottom, over, under = m.groups()
     try:
         if number is not None:
             value = _decimal(number)
         else:
-            denominator = _decimal(bottom)
-            if not denominator:
-                return None
-            value = _decimal(top) / denominator
+            if top is None:
+                top, bottom = over, under
+            if "." in top or "." in bottom:
+                denominator = _decimal(bottom)
+                if not denominator:
+                    return None
+                value = _decimal(top) / denominator
+            else:  # two integers (nearly every fraction): one Fraction, the same value
+                denominator = int(bottom)
+                if not denominator:
+                    return None
+                value = Fraction(int(top), denominator)
     except ValueError:  # past Python's 4,300-digit limit on int(): the parser's answer too (unreadable)
         return None
     return -value if sign else value
