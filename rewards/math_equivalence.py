@@ -62,6 +62,8 @@ _UNITS = (
     r"students|cookies|apples|points|percent"
 )
 _UNIT_TAIL = re.compile(rf"^(.*?\d)\s*((?:sq\.?\s*|square\s*|cubic\s*)?(?:{_UNITS})(?:\^?\{{?[23]\}}?)?)\.?$")
+_UNIT_WORDS = tuple(w for u in _UNITS.split("|") for w in ((u[:-2], u[:-1]) if u.endswith("s?") else (u,)))
+"""Every word :data:`_UNIT_TAIL` reads as a unit: an answer ending in none of them (after the power) has no unit."""
 _THOUSANDS = re.compile(r"-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")
 _GROUPING = re.compile(r"(?<=\d)(?:\{,\}|,\\!)(?=\d{3})")  # 3{,}000 and 3,\!000: thousands, in LaTeX
 _SUBSCRIPT = re.compile(r"_\{(\w+)\}")
@@ -133,10 +135,11 @@ def _latex_parts(s: str) -> tuple[str, str, str]:
     if "circ" in s or "degree" in s or "°" in s:
         s = _DEGREES.sub("", s)
     if latex:
-        tail = _TEXT_UNIT.match(s)
-        if tail and re.search(r"(?:[\d}]|\\pi)\s*$", tail.group(1)) and len(tail.group(2).strip()) > 1:
-            s, unit = tail.group(1), tail.group(2)  # a unit after a value: "10\text{ cm}"
-        s = _TEXT.sub(r"\1", s)
+        if "\\text" in s or "\\m" in s or "\\operatorname" in s:  # what _TEXT_UNIT and _TEXT need
+            tail = _TEXT_UNIT.match(s)
+            if tail and re.search(r"(?:[\d}]|\\pi)\s*$", tail.group(1)) and len(tail.group(2).strip()) > 1:
+                s, unit = tail.group(1), tail.group(2)  # a unit after a value: "10\text{ cm}"
+            s = _TEXT.sub(r"\1", s)
         if "frac" in s:
             s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\cfrac", "\\frac")
             s = _FRAC_SHORT.sub(
@@ -150,7 +153,7 @@ def _latex_parts(s: str) -> tuple[str, str, str]:
     prefix = _PREFIX.match(s) if "=" in s else None
     if prefix:
         s = s[prefix.end() :]
-    tail_unit = _UNIT_TAIL.match(s) if _LETTER.search(s) else None
+    tail_unit = _UNIT_TAIL.match(s) if _unit_last(s) else None
     if tail_unit:
         s, unit = tail_unit.group(1), tail_unit.group(2)
     s = _grouped(s)
@@ -165,6 +168,22 @@ def _latex_parts(s: str) -> tuple[str, str, str]:
     unit = re.sub(r"[\s.]+", "", unit.lower()) if unit else ""
     prefix_name = prefix.group(1).replace(" ", "") if prefix else ""
     return s, (unit.rstrip("s") if len(unit) > 2 else unit), prefix_name
+
+
+def _unit_last(s: str) -> bool:
+    """Whether ``s`` ends in a unit word, maybe with a power (``cm^{2}``) and a full stop: :data:`_UNIT_TAIL`
+    can match only then."""
+    if s.endswith("."):
+        s = s[:-1]
+    if s.endswith("}"):
+        s = s[:-1]
+    if s.endswith(("2", "3")):
+        s = s[:-1]
+    if s.endswith("{"):
+        s = s[:-1]
+    if s.endswith("^"):
+        s = s[:-1]
+    return s.endswith(_UNIT_WORDS)
 
 
 def _grouped(s: str) -> str:
@@ -220,6 +239,8 @@ def _sequence(s: str) -> tuple[str, list[str]] | None:
     solutions (``set``); None for a single value."""
     if s.startswith("\\{") and s.endswith("\\}"):
         return "set", _split_top(s[2:-2])
+    if "," not in s:
+        return None  # one item, in brackets or not
     if len(s) >= 2 and s[0] in "([" and s[-1] in ")]":
         inner = s[1:-1]
         items = _split_top(inner)
