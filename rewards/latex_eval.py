@@ -49,6 +49,8 @@ _FUNCTIONS = {
 
 _TIMES = frozenset({"*", *_MUL})
 _OVER = frozenset({"/", *_DIV})
+_NO_POSTFIX = frozenset({"+", "-", "*", "/", ")", "}", "]", "(", "{", *_MUL, *_DIV})
+"""Tokens after an atom that are none of ``!``, ``%``, ``^``: :meth:`_Parser.power` has nothing more to read."""
 _ATOM_STARTS = frozenset({"(", "{", "\\frac", "\\binom", "\\sqrt", "\\pi", *_GREEK, *_FUNCTIONS})
 
 
@@ -92,27 +94,36 @@ class _Parser:
 
     def sum(self):
         value = self.product()
-        while self.t[self.i] in ("+", "-"):
-            op = self.take()
+        t = self.t
+        while (op := t[self.i]) == "+" or op == "-":
+            self.i += 1
             right = self.product()
             value = value + right if op == "+" else value - right
         return value
 
     def product(self):
         value = self.unary()
+        t = self.t
         while True:
-            token = self.t[self.i]
+            token = t[self.i]
+            if token is None:
+                return value
             if token in _TIMES:
-                self.take()
+                self.i += 1
                 value = value * self.unary()
             elif token in _OVER:
-                self.take()
+                self.i += 1
                 right = self.unary()
                 if right == 0:
                     raise Unreadable("division by zero")
                 value = value / right
-            elif token is not None and self._starts_atom(token):
-                value = value * self.power()  # implicit multiplication: 2x, 2\pi, (1)(2)
+            elif (  # _starts_atom, inline: implicit multiplication (2x, 2\pi, (1)(2))
+                token in _ATOM_STARTS
+                or (first := token[0]).isdigit()
+                or first == "."
+                or (len(token) == 1 and token.isalpha())
+            ):
+                value = value * self.power()
             else:
                 return value
 
@@ -126,16 +137,19 @@ class _Parser:
         )
 
     def unary(self):
-        if self.t[self.i] == "-":
-            self.take()
+        token = self.t[self.i]
+        if token == "-":
+            self.i += 1
             return -self.unary()
-        if self.t[self.i] == "+":
-            self.take()
+        if token == "+":
+            self.i += 1
             return self.unary()
         return self.power()
 
     def power(self):
         base = self.atom()
+        if (token := self.t[self.i]) is None or token in _NO_POSTFIX:
+            return base  # no factorial, percent or power follows (nearly always)
         if self.t[self.i] == "!":
             self.take()
             if not (isinstance(base, Fraction) and base.denominator == 1 and 0 <= base <= 5000):
@@ -170,8 +184,11 @@ class _Parser:
         return value
 
     def atom(self):
-        token = self.take()
-        if token[0].isdigit() or token[0] == ".":
+        token = self.t[self.i]
+        if token is None:
+            raise Unreadable("expected None")
+        self.i += 1
+        if (first := token[0]).isdigit() or first == ".":
             return _decimal(token)
         if token in ("(", "["):
             value = self.sum()
@@ -377,6 +394,8 @@ def _simple_value(s: str) -> Fraction | None:
 
 def _decimal(number: str) -> Fraction:
     """``Fraction(number)`` for the tokenizer's numbers (``12``, ``1.50``, ``.5``, ``3.``), without its regex."""
+    if "." not in number:
+        return Fraction(int(number))  # the same value, without the two-argument constructor
     whole, _, part = number.partition(".")
     return Fraction(int(whole + part) if whole or part else 0, 10 ** len(part))
 
@@ -385,8 +404,9 @@ def same_value(a, b) -> bool:
     """Exact for two rationals; else within :data:`REL_TOL` (a value too large for a float is not the same)."""
     if isinstance(a, Fraction) and isinstance(b, Fraction):
         return a == b
-    try:
-        a, b = complex(a), complex(b)
+    try:  # complex(float(x)) is what complex(x) does for a Fraction, without numbers.Real's detour
+        a = complex(float(a)) if isinstance(a, Fraction) else complex(a)
+        b = complex(float(b)) if isinstance(b, Fraction) else complex(b)
     except OverflowError:
         return False
     return abs(a - b) <= REL_TOL * max(abs(a), abs(b), 1.0)
