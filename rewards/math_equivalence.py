@@ -428,12 +428,16 @@ def math_equal(answer: str, gold: str) -> bool | None:
         >>> math_equal(r"\{2, -1\}", "-1, 2"), math_equal("3.10", "3.1"), math_equal("1,000", "1000")
         (True, True, True)
     """
-    a, g = _plain_number(answer), _plain_number(gold)
-    if a is not None and g is not None:
-        return a == g  # two plain numbers (most GSM8K pairs): exact, without the canonical forms
+    g = _plain_number(gold)  # the gold first: it repeats (cached), and when it is no plain number the answer
+    if g is not None:  # need not be read as one
+        a = _plain_number(answer)
+        if a is not None:
+            return a == g  # two plain numbers (most GSM8K pairs): exact, without the canonical forms
     (a, unit_a, prefix_a), (g, unit_g, prefix_g) = _parts(answer), _parts(gold)
     if (unit_a and unit_g and unit_a != unit_g) or (prefix_a and prefix_g and prefix_a != prefix_g):
         return False  # 12 hours is not 12 minutes; y = 2 is not x = 2
+    if a == g:
+        return True  # the same canonical string (what _math_equal says first), without its cache
     return _math_equal(a, g)
 
 

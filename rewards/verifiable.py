@@ -301,8 +301,15 @@ class StringMatchReward(Reward):
                 answer = extract(text)
             else:
                 answer = extract(completion_text(completion))
-            # An answer written exactly as the normalised gold normalises to it when that is a fixed point.
-            if answer is not None and ((fixed and answer == gold_norm) or normalize_answer(answer) == gold_norm):
+            # An answer written exactly as the normalised gold normalises to it when that is a fixed point; an
+            # ASCII answer shorter than it never does (normalize_answer only removes characters from ASCII text).
+            if answer is not None and (
+                (fixed and answer == gold_norm)
+                or (
+                    (len(answer) >= len(gold_norm) or not answer.isascii())
+                    and normalize_answer(answer) == gold_norm
+                )
+            ):
                 scores[i] = 1.0
                 continue
             scores[i] = 0.0
