@@ -301,20 +301,49 @@ def _traits(s: str) -> _Traits:
     )
 
 
+_TRAIT_MARKS = re.compile(r"[,:_=<>]|\\(?:begin|cup|\{)")
+"""What most answers with a trait of :class:`_Traits` have (a tuple, an interval, a set, a matrix, an index, a
+relation), and few without."""
+
+
+def _has_trait(t: _Traits) -> bool:
+    """Any trait that makes :func:`_decide` say False against a plain number or fraction."""
+    return (
+        t.matrix is not None
+        or t.as_written
+        or t.base
+        or t.union
+        or t.relation
+        or t.equation
+        or t.index
+        or t.sequence is not None
+        or t.word
+    )
+
+
 def _decide(a: str, g: str) -> bool | None:
     """Steps 1-2 for canonical strings; None: the evaluator cannot decide (the fallback does)."""
     if a == g:
         return True
     value_a, value_g = _simple_value(a), _simple_value(g)
-    if value_a is not None and value_g is not None:
-        return value_a == value_g  # two numbers or fractions: what the steps below conclude, exactly
+    if value_a is not None or value_g is not None:
+        if value_a is not None and value_g is not None:
+            return value_a == value_g  # two numbers or fractions: what the steps below conclude, exactly
+        # One number or fraction, which has none of the traits below: when the other side has one, they all say
+        # False (whatever the values), so neither side need be evaluated. Looked for only where one is likely.
+        other = g if value_a is not None else a
+        if _TRAIT_MARKS.search(other) and _has_trait(_traits(other)):
+            return False
     if not (a.endswith("%") or g.endswith("%")):
         # Two values the evaluator reads that differ where it first looks: every step below says False too (the
         # steps that could say True or None need an answer it cannot read), so none of them runs.
-        own_a, own_g = own_names(a), own_names(g)
+        own_a = () if value_a is not None else own_names(a)  # what own_names says of a number
+        own_g = () if value_g is not None else own_names(g)
         if own_a is not None and own_g is not None:  # else one cannot be read: no value to tell them apart
             names = own_a if own_a == own_g or not own_g else own_g if not own_a else _union(own_a, own_g)
-            x, y = value_at(a, names), value_at(g, names)
+            # value_at gives a number its value (None past six names, as it gives the other side: no decision)
+            x = value_at(a, names) if value_a is None or len(names) > 6 else value_a
+            y = value_at(g, names) if value_g is None or len(names) > 6 else value_g
             if x is not None and y is not None and not same_value(x, y):
                 return False
     ta, tg = _traits(a), _traits(g)
