@@ -279,7 +279,6 @@ class StringMatchReward(Reward):
             self.equivalence == "math",
         )
         scores: list[float | None] = [None] * n
-        undecided = []  # (index, answer, gold answer): equal in another form? (equivalence: math)
         gold_parts = _normalized_gold
         for i, (completion, gold, applies_here) in enumerate(zip(completions, golds, applies, strict=True)):
             if not applies_here:
@@ -301,23 +300,20 @@ class StringMatchReward(Reward):
                 answer = extract(text)
             else:
                 answer = extract(completion_text(completion))
+            if answer is None:
+                scores[i] = 0.0
+                continue
             # An answer written exactly as the normalised gold normalises to it when that is a fixed point; an
             # ASCII answer shorter than it never does (normalize_answer only removes characters from ASCII text).
-            if answer is not None and (
-                (fixed and answer == gold_norm)
-                or (
-                    (len(answer) >= len(gold_norm) or not answer.isascii())
-                    and normalize_answer(answer) == gold_norm
-                )
+            if (fixed and answer == gold_norm) or (
+                (len(answer) >= len(gold_norm) or not answer.isascii()) and normalize_answer(answer) == gold_norm
             ):
                 scores[i] = 1.0
-                continue
-            scores[i] = 0.0
-            if math and answer is not None:
-                undecided.append((i, answer, gold_answer))
-        for i, answer, gold_answer in undecided:  # None when undecidable in time
-            verdict = math_equal(answer, gold_answer)
-            scores[i] = None if verdict is None else float(verdict)
+            elif math:  # equal in another form? None when undecidable in time
+                verdict = math_equal(answer, gold_answer)
+                scores[i] = None if verdict is None else 1.0 if verdict else 0.0
+            else:
+                scores[i] = 0.0
         return scores
 
 
