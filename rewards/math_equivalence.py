@@ -49,6 +49,8 @@ from rewards.math_fallback import symbolic_equal
 # --------------------------------------------------------------------------- 1. canonical strings
 
 _SPACING = re.compile(r"(?<!\\)\\(?:left|right|displaystyle|textstyle|!|,|;|:|\s)|~")
+_SPACING_MARK = re.compile(r"\\[lrdt!,;:\s]|~")  # what every match of _SPACING starts with
+_VALUE_END = re.compile(r"(?:[\d}]|\\pi)\s*$")
 _FRAC_SHORT = re.compile(r"\\[dtc]?frac\s*(\d|\{[^{}]*\}|\\[a-z]+)\s*(\d|\{[^{}]*\}|\\[a-z]+)")
 _SQRT_SHORT = re.compile(r"\\sqrt\s*(\d|[a-z])")  # LaTeX: \sqrt23 is \sqrt{2}3
 _MIXED = re.compile(r"(?<![\d.}a-z\\^_])(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}")  # 2\frac{1}{2}: two and a half
@@ -69,7 +71,6 @@ _GROUPING = re.compile(r"(?<=\d)(?:\{,\}|,\\!)(?=\d{3})")  # 3{,}000 and 3,\!000
 _SUBSCRIPT = re.compile(r"_\{(\w+)\}")
 _AND_OR = re.compile(r"\s+(?:and|or)\s+")
 _SPACES = re.compile(r"\s+")
-_LETTER = re.compile("[a-z]")
 _WORD = re.compile(r"[a-z]{2,}")
 _AS_WRITTEN = re.compile(r"\\(?:overline|angle|triangle|mathbb|underline|vec|hat|bar|circ)(?![a-z])")
 _WORDS = re.compile(r"(?<![\\a-z])[a-z]{3,}")
@@ -129,7 +130,8 @@ def _latex_parts(s: str) -> tuple[str, str, str]:
     unit = ""
     if latex:
         s = s.replace("\\$", "").replace("\\%", "%")
-        s = _SPACING.sub(" ", s)
+        if _SPACING_MARK.search(s):  # a spacing command is rare: no substitution to run without one
+            s = _SPACING.sub(" ", s)
     elif "~" in s:
         s = s.replace("~", " ")
     if "circ" in s or "degree" in s or "°" in s:
@@ -137,7 +139,7 @@ def _latex_parts(s: str) -> tuple[str, str, str]:
     if latex:
         if "\\text" in s or "\\m" in s or "\\operatorname" in s:  # what _TEXT_UNIT and _TEXT need
             tail = _TEXT_UNIT.match(s)
-            if tail and re.search(r"(?:[\d}]|\\pi)\s*$", tail.group(1)) and len(tail.group(2).strip()) > 1:
+            if tail and _VALUE_END.search(tail.group(1)) and len(tail.group(2).strip()) > 1:
                 s, unit = tail.group(1), tail.group(2)  # a unit after a value: "10\text{ cm}"
             s = _TEXT.sub(r"\1", s)
         if "frac" in s:
@@ -287,17 +289,18 @@ class _Traits(NamedTuple):
 
 @lru_cache(maxsize=65536)
 def _traits(s: str) -> _Traits:
-    return _Traits(
-        matrix=_matrix(s),
-        begin="\\begin" in s,
-        as_written=":" in s or bool(_WORDS.search(s)),
-        base=bool(_BASE.fullmatch(s)),
-        union="\\cup" in s,
-        relation=bool(_RELATION.search(s.replace("\\cup", ""))),
-        equation=_equation(s),
-        index="_" in s or bool(_AS_WRITTEN.search(s)),
-        sequence=_sequence(s),
-        word=bool(_WORD.fullmatch(s)),
+    begin, union = "\\begin" in s, "\\cup" in s
+    return _Traits(  # in field order (positional: faster than keywords)
+        _matrix(s) if begin else None,
+        begin,
+        ":" in s or _WORDS.search(s) is not None,
+        "_" in s and _BASE.fullmatch(s) is not None,
+        union,
+        _RELATION.search(s.replace("\\cup", "") if union else s) is not None,
+        "=" in s and _equation(s),
+        "_" in s or _AS_WRITTEN.search(s) is not None,
+        _sequence(s),
+        _WORD.fullmatch(s) is not None,
     )
 
 
