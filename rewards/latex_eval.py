@@ -404,9 +404,9 @@ def same_value(a, b) -> bool:
     """Exact for two rationals; else within :data:`REL_TOL` (a value too large for a float is not the same)."""
     if isinstance(a, Fraction) and isinstance(b, Fraction):
         return a == b
-    try:  # complex(float(x)) is what complex(x) does for a Fraction, without numbers.Real's detour
-        a = complex(float(a)) if isinstance(a, Fraction) else complex(a)
-        b = complex(float(b)) if isinstance(b, Fraction) else complex(b)
+    try:  # complex(numerator / denominator) is what complex(x) does for a Fraction, without numbers.Real's detour
+        a = complex(a.numerator / a.denominator) if isinstance(a, Fraction) else complex(a)
+        b = complex(b.numerator / b.denominator) if isinstance(b, Fraction) else complex(b)
     except OverflowError:
         return False
     return abs(a - b) <= REL_TOL * max(abs(a), abs(b), 1.0)

@@ -51,6 +51,7 @@ EQUIVALENCES = ("exact", "math")
 logger = logging.getLogger(__name__)
 
 _BOXED = "\\boxed{"
+_BOXED_LEN = len(_BOXED)
 _GROUPING_MARK = re.compile(r"\\.|[{}]", re.DOTALL)  # an escape (two characters) or a brace
 _PLAIN_PART = r"(?:[^{}\\]++|\\.)"  # a run of characters that are no brace, or an escaped one (possessive: no backtracking)
 _GROUP_BODY = re.compile(
@@ -71,15 +72,14 @@ def extract_boxed(text: str) -> str | None:
         >>> extract_boxed(r"first \boxed{1}, then \boxed{\frac{a}{b}}")
         '\\frac{a}{b}'
     """
-    end = len(text)
-    while True:
-        start = text.rfind(_BOXED, 0, end)
-        if start < 0:
-            return None
-        body = start + len(_BOXED)
-        group = _GROUP_BODY.match(text, body)
-        if group:  # groups nested up to three deep (nearly every answer): one match
-            return group.group(1).strip() or None
+    start = text.rfind(_BOXED)
+    if start < 0:
+        return None
+    group = _GROUP_BODY.match(text, start + _BOXED_LEN)
+    if group:  # groups nested up to three deep (nearly every answer): one match
+        return group.group(1).strip() or None
+    while True:  # deeper nesting, or unclosed (a truncated completion): scan the braces
+        body = start + _BOXED_LEN
         depth = 1
         for mark in _GROUPING_MARK.finditer(text, body):
             char = mark.group()
@@ -90,7 +90,12 @@ def extract_boxed(text: str) -> str | None:
                 if depth == 0:
                     return text[body : mark.start()].strip() or None
             # else an escaped character, e.g. \{ or \}: content, not grouping (the pattern takes both)
-        end = start  # unclosed: try the previous \boxed{
+        start = text.rfind(_BOXED, 0, start)  # unclosed: try the previous \boxed{
+        if start < 0:
+            return None
+        group = _GROUP_BODY.match(text, start + _BOXED_LEN)
+        if group:
+            return group.group(1).strip() or None
 
 
 def extract_gsm8k(text: str) -> str | None:
