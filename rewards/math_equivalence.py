@@ -93,6 +93,8 @@ _PLAIN = re.compile(r"-?(?:[1-9]\d{0,2}(?:,\d{3})+|\d+)(?:\.\d+)?")
 @lru_cache(maxsize=65536)
 def _plain_number(text: str) -> str | None:
     """A plain number's exact canonical digits (``-1,000.50`` -> ``-1000.5``), or None for anything else."""
+    if text.isdigit() and text.isascii() and text[0] != "0":
+        return text  # digits without a leading zero (most numbers): already canonical
     text = text.strip().strip("$").strip()
     if not _PLAIN.fullmatch(text):
         return None
