@@ -357,9 +357,7 @@ def same_everywhere(a: str, b: str, variables: tuple[str, ...] = ()) -> bool | N
 
 
 _NUMBER = r"(?:\d+\.?\d*|\.\d+)"  # the tokenizer's number
-_SIMPLE = re.compile(
-    rf"(-?)(?:({_NUMBER})|\\frac\{{({_NUMBER})\}}\{{({_NUMBER})\}}|({_NUMBER})/({_NUMBER}))"
-)
+_SIMPLE = re.compile(rf"(-?)(?:({_NUMBER})|\\frac\{{({_NUMBER})\}}\{{({_NUMBER})\}}|({_NUMBER})/({_NUMBER}))")
 
 
 @lru_cache(maxsize=65536)
