@@ -36,12 +36,11 @@ from __future__ import annotations
 
 import logging
 import re
-import string
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any
 
 from rewards.interface import Reward, completion_text
 from rewards.math_equivalence import math_equal
@@ -219,28 +218,14 @@ def normalize_answer(text: str) -> str:
     return text
 
 
-# What normalize_answer can remove after the last character it keeps (str.split() whitespace included).
-_TRAILING = string.whitespace + "\x1c\x1d\x1e\x1f" + ".,$\\{}"
-
-
-class _Gold(NamedTuple):
-    normalized: str | None
-    answer: str  # as extracted (the raw cell when the extractor finds nothing)
-    fixed: bool  # normalize_answer leaves the normalised gold unchanged
-    length: int  # of the normalised gold
-    last: str  # its last character when an ASCII letter or digit, else ""
-
-
 @lru_cache(maxsize=4096)
-def _normalized_gold(extractor: str, gold: str) -> _Gold:
-    """The gold answer normalised and what string-match compares with it; cached because GRPO repeats each gold
-    num_generations times."""
+def _normalized_gold(extractor: str, gold: str) -> tuple[str | None, str, bool]:
+    """``(normalised gold or None, gold as extracted, whether normalising the normalised gold leaves it
+    unchanged)``; cached because GRPO repeats each gold num_generations times. The extracted gold is the raw
+    cell when the extractor finds nothing."""
     answer = _gold_answer(extractor, gold)
     normalized = normalize_answer(answer) or None
-    if normalized is None:
-        return _Gold(None, answer, False, 0, "")
-    last = normalized[-1] if normalized[-1].isalnum() and normalized[-1].isascii() else ""
-    return _Gold(normalized, answer, normalize_answer(normalized) == normalized, len(normalized), last)
+    return normalized, answer, normalized is not None and normalize_answer(normalized) == normalized
 
 
 @lru_cache(maxsize=4096)
@@ -307,7 +292,7 @@ class StringMatchReward(Reward):
             gold_text = gold if type(gold) is str else _gold_string(gold)
             if gold_text is None:
                 continue
-            gold_norm, gold_answer, fixed, gold_length, gold_last = gold_parts(gold_extractor, gold_text)
+            gold_norm, gold_answer, fixed = gold_parts(gold_extractor, gold_text)
             if gold_norm is None:
                 continue
             if (  # completion_text's common case inline: one assistant message with str content
@@ -323,19 +308,10 @@ class StringMatchReward(Reward):
             if answer is None:
                 scores[i] = 0.0
                 continue
-            # An answer written exactly as the normalised gold normalises to it when that is a fixed point. From
-            # ASCII text normalize_answer only removes characters (lowering the case), and none between the last
-            # letter or digit it keeps and the end but _TRAILING: an ASCII answer shorter than the normalised gold,
-            # or whose last such character is another, never normalises to it.
+            # An answer written exactly as the normalised gold normalises to it when that is a fixed point; an
+            # ASCII answer shorter than it never does (normalize_answer only removes characters from ASCII text).
             if (fixed and answer == gold_norm) or (
-                not (
-                    answer.isascii()
-                    and (
-                        len(answer) < gold_length
-                        or (gold_last and answer.rstrip(_TRAILING)[-1:].lower() != gold_last)
-                    )
-                )
-                and normalize_answer(answer) == gold_norm
+                (len(answer) >= len(gold_norm) or not answer.isascii()) and normalize_answer(answer) == gold_norm
             ):
                 scores[i] = 1.0
             elif math:  # equal in another form? None when undecidable in time
