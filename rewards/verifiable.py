@@ -311,7 +311,8 @@ class StringMatchReward(Reward):
             # An answer written exactly as the normalised gold normalises to it when that is a fixed point; an
             # ASCII answer shorter than it never does (normalize_answer only removes characters from ASCII text).
             if (fixed and answer == gold_norm) or (
-                (len(answer) >= len(gold_norm) or not answer.isascii()) and normalize_answer(answer) == gold_norm
+                (len(answer) >= len(gold_norm) or not answer.isascii())
+                and normalize_answer(answer) == gold_norm
             ):
                 scores[i] = 1.0
             elif math:  # equal in another form? None when undecidable in time
