@@ -35,6 +35,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from rewards.latex_eval import (
+    POINTS,
     _names,
     _simple_value,
     evaluate,
@@ -347,8 +348,9 @@ def _decide(a: str, g: str) -> bool | None:
         if own_a is not None and own_g is not None:  # else one cannot be read: no value to tell them apart
             names = own_a if own_a == own_g or not own_g else own_g if not own_a else _union(own_a, own_g)
             # value_at gives a number its value (None past six names, as it gives the other side: no decision)
-            x = value_at(a, names) if value_a is None or len(names) > 6 else value_a
-            y = value_at(g, names) if value_g is None or len(names) > 6 else value_g
+            past = len(names) > len(POINTS[0])  # more names than a point has values: value_at gives None
+            x = value_at(a, names) if value_a is None or past else value_a
+            y = value_at(g, names) if value_g is None or past else value_g
             if x is not None and y is not None and not same_value(x, y):
                 return False
     ta, tg = _traits(a), _traits(g)
