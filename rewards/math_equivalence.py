@@ -92,7 +92,7 @@ _PLAIN = re.compile(r"-?(?:[1-9]\d{0,2}(?:,\d{3})+|\d+)(?:\.\d+)?")
 
 
 @lru_cache(maxsize=65536)
-def _plain_number(text: str) -> str | None:
+def plain_number(text: str) -> str | None:
     """A plain number's exact canonical digits (``-1,000.50`` -> ``-1000.5``), or None for anything else."""
     if text.isdigit() and text.isascii() and text[0] != "0":
         return text  # digits without a leading zero (most numbers): already canonical
@@ -464,9 +464,9 @@ def math_equal(answer: str, gold: str) -> bool | None:
         >>> math_equal(r"\{2, -1\}", "-1, 2"), math_equal("3.10", "3.1"), math_equal("1,000", "1000")
         (True, True, True)
     """
-    g = _plain_number(gold)  # the gold first: it repeats (cached), and when it is no plain number the answer
+    g = plain_number(gold)  # the gold first: it repeats (cached), and when it is no plain number the answer
     if g is not None:  # need not be read as one
-        a = _plain_number(answer)
+        a = plain_number(answer)
         if a is not None:
             return a == g  # two plain numbers (most GSM8K pairs): exact, without the canonical forms
     (a, unit_a, prefix_a), (g, unit_g, prefix_g) = _parts(answer), _parts(gold)
@@ -489,6 +489,6 @@ def _math_equal(a: str, g: str) -> bool | None:
 
 def clear_caches() -> None:
     """Empty every cache of this module and of :mod:`rewards.latex_eval` (benchmarks time a cold start)."""
-    caches = (_plain_number, _parts, _traits, _is_number, _math_equal, symbolic_equal)
+    caches = (plain_number, _parts, _traits, _is_number, _math_equal, symbolic_equal)
     for cached in (*caches, value_at, _names, own_names, tokenize, _simple_value):
         cached.cache_clear()

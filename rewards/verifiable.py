@@ -39,11 +39,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from rewards.interface import Reward, completion_text
-from rewards.math_equivalence import math_equal
+from rewards.math_equivalence import math_equal, plain_number
+from rewards.memo import Memo
 
 EQUIVALENCES = ("exact", "math")
 """String-match ``equivalence`` choices."""
@@ -201,7 +202,8 @@ def normalize_answer(text: str) -> str:
     if "," in text:
         text = _THOUSANDS.sub(_drop_thousands_commas, text)
     # Repeated so nested wrappers such as "$\\$4$" or "{$5$}" come off completely.
-    while text and (text[0] in "${\\" or text[-1] == "$"):
+    # A leading backslash starts a wrapper only as "\\$" (else the loop below changes nothing: it would break).
+    while text and (text[0] in "${" or text[-1] == "$" or text.startswith("\\$")):
         before = text
         if text.startswith("\\$"):
             text = text[2:].lstrip()
@@ -218,14 +220,39 @@ def normalize_answer(text: str) -> str:
     return text
 
 
-@lru_cache(maxsize=4096)
-def _normalized_gold(extractor: str, gold: str) -> tuple[str | None, str, bool]:
+def _gold_record(extractor: str, math: bool, gold: str) -> tuple[str | None, str, bool, str | None]:
     """``(normalised gold or None, gold as extracted, whether normalising the normalised gold leaves it
-    unchanged)``; cached because GRPO repeats each gold num_generations times. The extracted gold is the raw
-    cell when the extractor finds nothing."""
+    unchanged, the exact digits of the extracted gold when it is a plain number and ``math``, else None)``. The
+    extracted gold is the raw cell when the extractor finds nothing."""
     answer = _gold_answer(extractor, gold)
     normalized = normalize_answer(answer) or None
-    return normalized, answer, normalized is not None and normalize_answer(normalized) == normalized
+    fixed = normalized is not None and normalize_answer(normalized) == normalized
+    return normalized, answer, fixed, plain_number(answer) if math else None
+
+
+_GOLD_MEMOS: dict[tuple[str, bool], Memo] = {}
+"""(Extractor name, math equivalence) -> gold cell -> :func:`_gold_record`: cached because GRPO repeats each
+gold num_generations times (a :class:`~rewards.memo.Memo`: the reward reads it with one subscription)."""
+
+
+def _gold_memo(extractor: str, math: bool = False) -> Memo:
+    memo = _GOLD_MEMOS.get((extractor, math))
+    if memo is None:
+        memo = _GOLD_MEMOS[extractor, math] = Memo(partial(_gold_record, extractor, math), maxsize=4096)
+    return memo
+
+
+def _normalized_gold(extractor: str, gold: str) -> tuple[str | None, str, bool, str | None]:
+    """:func:`_gold_record` (not ``math``), cached (``_normalized_gold.cache_clear()`` empties every such cache)."""
+    return _gold_memo(extractor)[gold]
+
+
+def _clear_golds() -> None:
+    for memo in _GOLD_MEMOS.values():
+        memo.clear()
+
+
+_normalized_gold.cache_clear = _clear_golds  # type: ignore[attr-defined]  # as lru_cache's (benchmarks use it)
 
 
 @lru_cache(maxsize=4096)
@@ -284,7 +311,7 @@ class StringMatchReward(Reward):
             self.equivalence == "math",
         )
         scores: list[float | None] = [None] * n
-        gold_parts = _normalized_gold
+        gold_parts = _gold_memo(gold_extractor, math)
         for i, (completion, gold, applies_here) in enumerate(zip(completions, golds, applies, strict=True)):
             if not applies_here:
                 continue
@@ -292,7 +319,7 @@ class StringMatchReward(Reward):
             gold_text = gold if type(gold) is str else _gold_string(gold)
             if gold_text is None:
                 continue
-            gold_norm, gold_answer, fixed = gold_parts(gold_extractor, gold_text)
+            gold_norm, gold_answer, fixed, gold_plain = gold_parts[gold_text]
             if gold_norm is None:
                 continue
             if (  # completion_text's common case inline: one assistant message with str content
@@ -310,9 +337,21 @@ class StringMatchReward(Reward):
                 continue
             # An answer written exactly as the normalised gold normalises to it when that is a fixed point; an
             # ASCII answer shorter than it never does (normalize_answer only removes characters from ASCII text).
-            if (fixed and answer == gold_norm) or (
-                (len(answer) >= len(gold_norm) or not answer.isascii())
-                and normalize_answer(answer) == gold_norm
+            if fixed and answer == gold_norm:
+                scores[i] = 1.0
+            elif answer.isdigit() and answer.isascii():
+                # ASCII digits: normalize_answer leaves them as they are, and math_equal reads them as a plain number
+                if answer == gold_norm:
+                    scores[i] = 1.0
+                elif gold_plain is not None and answer[0] != "0":  # what math_equal says of two plain numbers
+                    scores[i] = 1.0 if answer == gold_plain else 0.0
+                elif math:
+                    verdict = math_equal(answer, gold_answer)
+                    scores[i] = None if verdict is None else 1.0 if verdict else 0.0
+                else:
+                    scores[i] = 0.0
+            elif (len(answer) >= len(gold_norm) or not answer.isascii()) and (
+                normalize_answer(answer) == gold_norm
             ):
                 scores[i] = 1.0
             elif math:  # equal in another form? None when undecidable in time
