@@ -110,11 +110,12 @@ def plain_number(text: str) -> str | None:
 def _parts(text: str) -> tuple[str, str, str]:
     r"""``(canonical value, its unit, its variable prefix)``: ``x = 10\text{ cm}`` -> ``("10", "cm", "x")``."""
     s = text.strip().strip("$").strip()
-    if _DECIMAL.fullmatch(s):  # 12, -3.50: its own canonical form
-        return s, "", ""
-    if _ARITHMETIC.fullmatch(s):  # digits and operators only (most answers): no LaTeX, unit or name to remove
-        s = _grouped(" ".join(_GROUPING.sub("", s).split()).rstrip(".").strip())
-        return _strip_braces(_SPACES.sub("", s)), "", ""
+    if "\\" not in s:  # neither pattern below takes a backslash: LaTeX (most answers here) skips both
+        if _DECIMAL.fullmatch(s):  # 12, -3.50: its own canonical form
+            return s, "", ""
+        if _ARITHMETIC.fullmatch(s):  # digits and operators only: no LaTeX, unit or name to remove
+            s = _grouped(" ".join(_GROUPING.sub("", s).split()).rstrip(".").strip())
+            return _strip_braces(_SPACES.sub("", s)), "", ""
     shape = _SHAPE.fullmatch(s)
     if shape:  # x = 5, 5\text{ cm}, 30^\circ, \dfrac{1}{2}: what every step of _latex_parts makes of them
         name, value, unit = shape.groups()
@@ -464,11 +465,16 @@ def math_equal(answer: str, gold: str) -> bool | None:
         >>> math_equal(r"\{2, -1\}", "-1, 2"), math_equal("3.10", "3.1"), math_equal("1,000", "1000")
         (True, True, True)
     """
-    g = plain_number(gold)  # the gold first: it repeats (cached), and when it is no plain number the answer
-    if g is not None:  # need not be read as one
+    return math_equal_plain(answer, gold, plain_number(gold))
+
+
+def math_equal_plain(answer: str, gold: str, plain_gold: str | None) -> bool | None:
+    """:func:`math_equal`, given ``plain_number(gold)`` (a reward works it out once per gold)."""
+    # When the gold is a plain number, so may the answer be (never one with a backslash: _PLAIN takes none)
+    if plain_gold is not None and "\\" not in answer:
         a = plain_number(answer)
         if a is not None:
-            return a == g  # two plain numbers (most GSM8K pairs): exact, without the canonical forms
+            return a == plain_gold  # two plain numbers (most GSM8K pairs): exact, without the canonical forms
     (a, unit_a, prefix_a), (g, unit_g, prefix_g) = _parts(answer), _parts(gold)
     if (unit_a and unit_g and unit_a != unit_g) or (prefix_a and prefix_g and prefix_a != prefix_g):
         return False  # 12 hours is not 12 minutes; y = 2 is not x = 2

@@ -43,7 +43,7 @@ from functools import lru_cache, partial
 from typing import Any
 
 from rewards.interface import Reward, completion_text
-from rewards.math_equivalence import math_equal, plain_number
+from rewards.math_equivalence import math_equal_plain, plain_number
 from rewards.memo import Memo
 
 EQUIVALENCES = ("exact", "math")
@@ -346,7 +346,7 @@ class StringMatchReward(Reward):
                 elif gold_plain is not None and answer[0] != "0":  # what math_equal says of two plain numbers
                     scores[i] = 1.0 if answer == gold_plain else 0.0
                 elif math:
-                    verdict = math_equal(answer, gold_answer)
+                    verdict = math_equal_plain(answer, gold_answer, gold_plain)
                     scores[i] = None if verdict is None else 1.0 if verdict else 0.0
                 else:
                     scores[i] = 0.0
@@ -355,7 +355,7 @@ class StringMatchReward(Reward):
             ):
                 scores[i] = 1.0
             elif math:  # equal in another form? None when undecidable in time
-                verdict = math_equal(answer, gold_answer)
+                verdict = math_equal_plain(answer, gold_answer, gold_plain)
                 scores[i] = None if verdict is None else 1.0 if verdict else 0.0
             else:
                 scores[i] = 0.0
