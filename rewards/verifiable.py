@@ -54,11 +54,18 @@ logger = logging.getLogger(__name__)
 _BOXED = "\\boxed{"
 _BOXED_LEN = len(_BOXED)
 _GROUPING_MARK = re.compile(r"\\.|[{}]", re.DOTALL)  # an escape (two characters) or a brace
-_PLAIN_PART = r"(?:[^{}\\]++|\\.)"  # a run of characters that are no brace, or an escaped one (possessive: no backtracking)
-_GROUP_BODY = re.compile(
-    rf"((?:{_PLAIN_PART}|\{{(?:{_PLAIN_PART}|\{{(?:{_PLAIN_PART}|\{{{_PLAIN_PART}*+\}})*+\}})*+\}})*+)\}}",
-    re.DOTALL,
-)
+_PLAIN = r"[^{}\\]*+"  # characters that are no brace and no backslash (possessive: no backtracking)
+
+
+def _body(depth: int) -> str:
+    """A group's body with groups nested up to ``depth`` deep inside, unrolled (plain characters, then escapes or
+    groups each followed by plain characters): a body without a group or an escape takes one step."""
+    if depth == 0:
+        return rf"{_PLAIN}(?:\\.{_PLAIN})*+"
+    return rf"{_PLAIN}(?:(?:\\.|\{{{_body(depth - 1)}\}}){_PLAIN})*+"
+
+
+_GROUP_BODY = re.compile(rf"({_body(3)})\}}", re.DOTALL)
 """A group's body and its closing brace, with groups nested up to three deep inside (deeper: the loop below)."""
 
 
@@ -224,9 +231,12 @@ def _gold_record(extractor: str, math: bool, gold: str) -> tuple[str | None, str
     """``(normalised gold or None, gold as extracted, whether normalising the normalised gold leaves it
     unchanged, the exact digits of the extracted gold when it is a plain number and ``math``, else None)``. The
     extracted gold is the raw cell when the extractor finds nothing."""
-    answer = _gold_answer(extractor, gold)
+    extracted = EXTRACTORS[extractor](gold)  # _gold_answer without its cache: the record is the cache
+    answer = extracted if extracted is not None else gold
     normalized = normalize_answer(answer) or None
-    fixed = normalized is not None and normalize_answer(normalized) == normalized
+    fixed = normalized is not None and (
+        (normalized.isdigit() and normalized.isascii()) or normalize_answer(normalized) == normalized
+    )  # ASCII digits are a fixed point
     return normalized, answer, fixed, plain_number(answer) if math else None
 
 
