@@ -360,8 +360,18 @@ class StringMatchReward(Reward):
                     scores[i] = None if verdict is None else 1.0 if verdict else 0.0
                 else:
                     scores[i] = 0.0
-            elif (len(answer) >= len(gold_norm) or not answer.isascii()) and (
-                normalize_answer(answer) == gold_norm
+            elif (
+                (len(answer) >= len(gold_norm) or not answer.isascii())
+                and (
+                    # normalize_answer keeps the first character of an ASCII answer (lower case) unless it is part of a
+                    # wrapper or whitespace: when that differs from the gold's, so do they (most wrong answers)
+                    (first := answer[0]).lower() == gold_norm[0]
+                    or first in "${"
+                    or first.isspace()
+                    or answer[:2] == "\\$"
+                    or not answer.isascii()
+                )
+                and normalize_answer(answer) == gold_norm
             ):
                 scores[i] = 1.0
             elif math:  # equal in another form? None when undecidable in time

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import random
 
 import pytest
 
@@ -95,6 +96,20 @@ NORMALIZE_CASES = [
 @pytest.mark.parametrize(("text", "expected"), NORMALIZE_CASES)
 def test_normalize_answer(text, expected):
     assert normalize_answer(text) == expected
+
+
+def test_normalize_answer_keeps_a_plain_first_character():
+    """String-match skips normalize_answer for an ASCII answer whose first character (no wrapper, no whitespace)
+    differs from the gold's in lower case: normalising never changes that character but to lower case."""
+    rng = random.Random(7)
+    alphabet = [*"\\${}$ ,.0123abcX\x1c\t", "\\$", "{$", "$}", "1,000", "\\frac{1}{2}"]
+    for _ in range(20000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8)))
+        first = text[0]
+        if first in "${" or first.isspace() or text[:2] == "\\$" or not text.isascii():
+            continue
+        normalized = normalize_answer(text)
+        assert not normalized or normalized[0] == first.lower(), text
 
 
 def _score(reward, completions, **columns):
