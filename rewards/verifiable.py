@@ -237,7 +237,8 @@ def _gold_record(extractor: str, math: bool, gold: str) -> tuple[str | None, str
     fixed = normalized is not None and (
         (normalized.isdigit() and normalized.isascii()) or normalize_answer(normalized) == normalized
     )  # ASCII digits are a fixed point
-    return normalized, answer, fixed, plain_number(answer) if math else None
+    plain = plain_number(answer) if math and "\\" not in answer else None  # a plain number has no backslash
+    return normalized, answer, fixed, plain
 
 
 _GOLD_MEMOS: dict[tuple[str, bool], Memo] = {}
