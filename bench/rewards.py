@@ -227,7 +227,7 @@ def main() -> int:
     string_match = make_string_match_reward("boxed", answer_column="solution")
     best = float("inf")
     for _ in range(args.repeat):
-        verifiable._normalized_gold.cache_clear()  # time gold normalisation too
+        verifiable.clear_gold_caches()  # time gold normalisation too
         sm_scores, seconds = _run(string_match, completions, golds, args.batch)
         best = min(best, seconds)
     print("string-match done; running math_verify accuracy_reward (slow) ...", flush=True)
@@ -321,8 +321,7 @@ MATH_TARGETS = {
 def _clear_math_caches() -> None:
     from rewards import math_equivalence
 
-    verifiable._normalized_gold.cache_clear()
-    verifiable._gold_answer.cache_clear()
+    verifiable.clear_gold_caches()
     math_equivalence.clear_caches()
 
 

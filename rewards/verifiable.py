@@ -39,7 +39,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 
 from rewards.interface import Reward, completion_text
@@ -231,7 +231,7 @@ def _gold_record(extractor: str, math: bool, gold: str) -> tuple[str | None, str
     """``(normalised gold or None, gold as extracted, whether normalising the normalised gold leaves it
     unchanged, the exact digits of the extracted gold when it is a plain number and ``math``, else None)``. The
     extracted gold is the raw cell when the extractor finds nothing."""
-    extracted = EXTRACTORS[extractor](gold)  # _gold_answer without its cache: the record is the cache
+    extracted = EXTRACTORS[extractor](gold)
     answer = extracted if extracted is not None else gold
     normalized = normalize_answer(answer) or None
     fixed = normalized is not None and (
@@ -247,30 +247,15 @@ gold num_generations times (a :class:`~rewards.memo.Memo`: the reward reads it w
 
 
 def _gold_memo(extractor: str, math: bool = False) -> Memo:
-    memo = _GOLD_MEMOS.get((extractor, math))
-    if memo is None:
+    if (memo := _GOLD_MEMOS.get((extractor, math))) is None:
         memo = _GOLD_MEMOS[extractor, math] = Memo(partial(_gold_record, extractor, math), maxsize=4096)
     return memo
 
 
-def _normalized_gold(extractor: str, gold: str) -> tuple[str | None, str, bool, str | None]:
-    """:func:`_gold_record` (not ``math``), cached (``_normalized_gold.cache_clear()`` empties every such cache)."""
-    return _gold_memo(extractor)[gold]
-
-
-def _clear_golds() -> None:
+def clear_gold_caches() -> None:
+    """Forget every gold :class:`StringMatchReward` has read (benchmarks time gold normalisation too)."""
     for memo in _GOLD_MEMOS.values():
         memo.clear()
-
-
-_normalized_gold.cache_clear = _clear_golds  # type: ignore[attr-defined]  # as lru_cache's (benchmarks use it)
-
-
-@lru_cache(maxsize=4096)
-def _gold_answer(extractor: str, gold: str) -> str:
-    """The gold answer as extracted (the raw cell when the extractor finds nothing), not normalised."""
-    extracted = EXTRACTORS[extractor](gold)
-    return extracted if extracted is not None else gold
 
 
 def _gold_string(value: Any) -> str | None:
