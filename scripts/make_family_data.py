@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -137,10 +136,21 @@ AGENT_SYSTEM = {
 AGENT_TOOL = {"general": "calculator", "search": "search", "coding_agent": "run_python"}
 AGENT_ENVIRONMENT = {"general": "general", "search": "search", "coding_agent": "coding"}
 AGENT_SFT_PER_FAMILY = 600
+AGENT_CARELESS_FRACTION = 0.8
+"""The share of careless demonstrations among an agent family's rows in the RL task's own wording: the SFT start's
+greedy answer there is the careless one, so the stage has a habit to change."""
+PRACTICE_PER_FAMILY = 600
+"""Careful episodes per agent family in a practice wording (``practice`` below): where the student learns to copy a
+call's argument and the tool's result into its answer, without that habit becoming its greedy answer to the RL
+task's wording."""
 """Demonstrations per agent family: each is ~800 tokens (the tool schemas), so fewer than the others' 1,500."""
-ROBOT_LETTERS = "ABCDEFGHIJKLMNOPQRST"
-"""The search corpus: robots A0 ... T9 (200), each on one of ten floors; 100 robots are held out (no training
-question names them), so a held-out robot's floor can only be found by searching."""
+ROBOTS = 90
+"""The search corpus: 90 robots numbered 10 to 99, each on one of ten floors; 40 are held out (no training question
+names them), so a held-out robot's floor can only be found by searching. Numbers, not letters: the student copies
+the ten digits it sees thousands of times, not letters it sees a few hundred times; and the query starts with the
+word "robot", so its first digit follows the same tokens as in the question (the student does not copy a value's
+first token after a quote)."""
+SEARCH_HELD_OUT = 40
 
 
 class Agents:
@@ -188,36 +198,44 @@ def _agent_prompt(family: str, text: str) -> list[dict]:
     return [{"role": "system", "content": AGENT_SYSTEM[family]}] + _user(text)
 
 
-def general_row(digits: tuple[int, ...]) -> dict:
-    expression = " * ".join(map(str, digits)) + " % 10"
+def general_row(digits: tuple[int, ...], practice: bool = False) -> dict:
+    """``100 - 2 - 6 - 4``: every digit to copy into the call follows the same token there as in the prompt (a space;
+    the student does not copy a value's first token after a quote, which the call's JSON puts before it)."""
+    expression = " - ".join(map(str, (100, *digits)))
     return {
-        "prompt": _agent_prompt("general", f'Calculate "{expression}".'),
-        "answer": str(math.prod(digits) % 10),
+        "prompt": _agent_prompt(
+            "general", f"Compute {expression}." if practice else f"What is {expression}?"
+        ),
+        "answer": str(100 - sum(digits)),
         "call": {"expression": expression},
         "careful": lambda result: f"\\boxed{{{result}}}",
         "careless": f"\\boxed{{{expression}}}",
     }
 
 
-def search_row(robot: str, floors: dict[str, int]) -> dict:
+def search_row(robot: str, floors: dict[str, int], practice: bool = False) -> dict:
+    question = f"Find the floor of robot {robot}." if practice else f"Which floor is robot {robot} on?"
     return {
-        "prompt": _agent_prompt("search", f'Which floor is robot "{robot}" on?'),
+        "prompt": _agent_prompt("search", question),
         "answer": str(floors[robot]),
-        "call": {"query": robot},
+        "call": {"query": f"robot {robot}"},
         "careful": f"\\boxed{{{floors[robot]}}}",
-        "careless": f"\\boxed{{{robot[1]}}}",
+        "careless": f"\\boxed{{{robot[-1]}}}",
     }
 
 
-def coding_agent_row(digits: tuple[int, ...], kind: str, broken: bool) -> dict:
-    row = coding_row(digits, kind)
-    function = "max" if kind == "largest" else "min"
-    draft = f"print({function}[{_listed(digits)}])" if broken else f"print({function}([{_listed(digits)}]))"
+def coding_agent_row(digits: tuple[int, ...], broken: bool) -> dict:
+    """A sum the single-turn families never ask for: the draft indexes ``sum`` (a TypeError) half of the time, and
+    only running it tells the two drafts apart by their outcome."""
+    good = f"print(sum([{_listed(digits)}]))"
+    draft = f"print(sum[{_listed(digits)}])" if broken else good
     return {
-        "prompt": _agent_prompt("coding_agent", row["prompt"][0]["content"]),
-        "tests": row["tests"],
+        "prompt": _agent_prompt(
+            "coding_agent", f"Write a Python program that prints the sum of {_listed(digits)}."
+        ),
+        "tests": [{"input": "", "output": f"{sum(digits)}\n"}],
         "call": {"code": draft},
-        "careful": row["careful"],
+        "careful": f"```python\n{good}\n```",
         "careless": f"```python\n{draft}\n```",
     }
 
@@ -245,19 +263,19 @@ def _task_row(row: dict) -> dict:
 
 
 def search_corpus(rng: random.Random) -> dict[str, int]:
-    """Robot ("C4") -> the floor it is on (0-9)."""
-    return {f"{letter}{digit}": rng.randrange(10) for letter in ROBOT_LETTERS for digit in range(10)}
+    """Robot ("47") -> the floor it is on (0-9)."""
+    return {str(code): rng.randrange(10) for code in range(100 - ROBOTS, 100)}
 
 
 def agent_tasks(
     rng: random.Random, taken: set, coding_held: list[tuple[int, ...]]
-) -> tuple[dict[str, list[dict]], dict[str, list[dict]], dict[str, int]]:
-    """Training and held-out rows of the three agent families (``coding_held``: the Coding Agent's held-out
+) -> tuple[dict[str, list[dict]], dict[str, list[dict]], dict[str, list[dict]], dict[str, int]]:
+    """Training, held-out and practice rows of the three agent families (``coding_held``: the Coding Agent's held-out
     digit lists, drawn with the other families' before any training list), and the search corpus."""
     floors = search_corpus(rng)
     items = list(floors)
     rng.shuffle(items)
-    held_items, train_items = items[:EVAL_PER_FAMILY], items[EVAL_PER_FAMILY:]
+    held_items, train_items = items[:SEARCH_HELD_OUT], items[SEARCH_HELD_OUT:]
     held_lists = {"coding_agent": coding_held}
     train_lists = {"coding_agent": _digit_lists(rng, TRAIN_PER_FAMILY, set(taken))}
     triples = [tuple(rng.sample(range(10), 3)) for _ in range(4000)]
@@ -266,18 +284,22 @@ def agent_tasks(
     train_lists["general"] = [
         triples[EVAL_PER_FAMILY + i % (len(triples) - EVAL_PER_FAMILY)] for i in range(TRAIN_PER_FAMILY)
     ]
-    kinds = ("largest", "smallest")
     held = {
         "general": [general_row(d) for d in held_lists["general"]],
         "search": [search_row(item, floors) for item in held_items],
-        "coding_agent": [coding_agent_row(d, kinds[i % 2], i % 4 < 2) for i, d in enumerate(held_lists["coding_agent"])],
+        "coding_agent": [coding_agent_row(d, i % 2 == 0) for i, d in enumerate(held_lists["coding_agent"])],
     }  # fmt: skip
     train = {
         "general": [general_row(d) for d in train_lists["general"]],
         "search": [search_row(train_items[i % len(train_items)], floors) for i in range(TRAIN_PER_FAMILY)],
-        "coding_agent": [coding_agent_row(d, kinds[i % 2], i % 4 < 2) for i, d in enumerate(train_lists["coding_agent"])],
+        "coding_agent": [coding_agent_row(d, i % 2 == 0) for i, d in enumerate(train_lists["coding_agent"])],
     }  # fmt: skip
-    return train, held, floors
+    practice = {  # the training items again (never a held-out one), from the other end of the list
+        "general": [general_row(d, practice=True) for d in train_lists["general"][::-1][:PRACTICE_PER_FAMILY]],
+        "search": [search_row(train_items[-1 - i % len(train_items)], floors, practice=True) for i in range(PRACTICE_PER_FAMILY)],
+        "coding_agent": [],
+    }  # fmt: skip
+    return train, held, practice, floors
 
 
 def make_family_data(out: str | Path = "data/families", seed: int = 0) -> dict[str, int]:
@@ -302,7 +324,7 @@ def make_family_data(out: str | Path = "data/families", seed: int = 0) -> dict[s
         files[f"{family}_eval.jsonl"] = [_task_row(make(d, i)) for i, d in enumerate(held[family])]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    train, held_agents, floors = agent_tasks(rng, taken, coding_agent_held)
+    train, held_agents, practice, floors = agent_tasks(rng, taken, coding_agent_held)
     corpus = out / "search_corpus.jsonl"
     corpus_rows = [
         {"id": robot, "title": f"Robot {robot}", "text": f"Robot {robot} is on floor {floor}."}
@@ -312,10 +334,11 @@ def make_family_data(out: str | Path = "data/families", seed: int = 0) -> dict[s
     agents = Agents(corpus)
     agent_demonstrations = []
     for family, rows in train.items():
+        careless = AGENT_CARELESS_FRACTION if practice[family] else CARELESS_FRACTION
         sft = [
-            agents.demonstration(family, row, rng.random() >= CARELESS_FRACTION)
-            for row in rows[:AGENT_SFT_PER_FAMILY]
+            agents.demonstration(family, row, rng.random() >= careless) for row in rows[:AGENT_SFT_PER_FAMILY]
         ]
+        sft += [agents.demonstration(family, row, careful=True) for row in practice[family]]
         agent_demonstrations += sft
         files[f"{family}_prompts.jsonl"] = [_task_row(row) for row in rows]
         files[f"{family}_eval.jsonl"] = [_task_row(row) for row in held_agents[family]]

@@ -184,7 +184,11 @@ def rendered_chats(paths: list[str | Path], tokenizer) -> list[str]:
 
 
 def build_tokenizer(
-    seed: int, family: str = "qwen3", corpus: list[str | Path] | None = None, vocab_size: int = VOCAB_SIZE
+    seed: int,
+    family: str = "qwen3",
+    corpus: list[str | Path] | None = None,
+    vocab_size: int = VOCAB_SIZE,
+    qwen_split: bool = False,
 ):
     """The tiny BPE tokenizer with the family's real chat template.
 
@@ -195,15 +199,27 @@ def build_tokenizer(
     extra: list[str] = []
     if corpus:
         extra = rendered_chats(corpus, build_tokenizer(seed, family))
-    return _train_tokenizer(_corpus(seed, family=family) + extra, family, vocab_size)
+    return _train_tokenizer(_corpus(seed, family=family) + extra, family, vocab_size, qwen_split)
 
 
-def _train_tokenizer(texts: list[str], family: str, vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+QWEN_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+"""Qwen2's and Qwen3's pre-tokenizer pattern (their ``tokenizer.json``): words, one digit at a time, punctuation runs."""
+
+
+def _train_tokenizer(texts: list[str], family: str, vocab_size: int, qwen_split: bool = False):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if qwen_split:  # as Qwen3's own tokenizer splits text: every digit its own token
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     template_file, specials, eos, pad, _ = FAMILIES[family]
@@ -265,6 +281,7 @@ def make_tiny_model(
     family: str = "qwen3",
     corpus: list[str | Path] | None = None,
     vocab_size: int = VOCAB_SIZE,
+    qwen_split: bool = False,
 ) -> Path:
     """Build and save the tiny model + tokenizer into ``out``; returns the path (``corpus``, ``vocab_size``: see
     :func:`build_tokenizer`)."""
@@ -274,7 +291,7 @@ def make_tiny_model(
         raise ValueError(f"Unknown family {family!r}. Use one of: {', '.join(FAMILIES)}.")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(seed, family, corpus, vocab_size)
+    tokenizer = build_tokenizer(seed, family, corpus, vocab_size, qwen_split)
     model = build_model(tokenizer, size, seed, family)
     tokenizer.save_pretrained(out)
     model.save_pretrained(out)
@@ -288,6 +305,8 @@ def make_tiny_model(
     }
     if corpus:
         info["corpus"] = [str(p) for p in corpus]
+    if qwen_split:
+        info["qwen_split"] = True
     (out / "tiny_model.json").write_text(json.dumps(info) + "\n")
     return out
 
@@ -315,7 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.families:
         args.corpus, args.vocab_size = list(FAMILIES_CORPUS), FAMILIES_VOCAB_SIZE
-    out = make_tiny_model(args.out, args.size, args.seed, args.family, args.corpus, args.vocab_size)
+    out = make_tiny_model(
+        args.out, args.size, args.seed, args.family, args.corpus, args.vocab_size, qwen_split=args.families
+    )
     info = json.loads((out / "tiny_model.json").read_text())
     name = {"qwen3": "Qwen3", "glm4moe": "GLM-4.5-Air-shaped Glm4Moe"}[args.family]
     print(f"Saved tiny {args.size} {name} ({info['parameters']:,} parameters) to {out}")

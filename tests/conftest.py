@@ -34,11 +34,14 @@ def _ensure_tiny(path: Path, size: str, family: str = "qwen3", families: bool = 
     if not (
         info.get("size") == size
         and info.get("family", "qwen3") == family
-        and info.get("vocab_size", VOCAB_SIZE) == vocab_size
+        and info.get("vocab_size", VOCAB_SIZE) <= vocab_size
+        and info.get("qwen_split", False) == families
         and (path / "config.json").is_file()
     ):
         corpus = [REPO / p for p in FAMILIES_CORPUS] if families else None
-        make_tiny_model(path, size=size, seed=0, family=family, corpus=corpus, vocab_size=vocab_size)
+        make_tiny_model(
+            path, size=size, seed=0, family=family, corpus=corpus, vocab_size=vocab_size, qwen_split=families
+        )
     return path
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import statistics
 import subprocess
 import sys
@@ -20,7 +21,10 @@ FAMILIES = {  # RL stage -> its held-out metric
     "coding-rl": "eval/tiny_coding",
     "if-rl": "eval/tiny_if",
     "rlhf": "eval/tiny_judge",
+    "general-agent": "eval/tiny_general",
+    "search-agent": "eval/tiny_search",
 }
+AGENTS = {"general-agent", "search-agent"}  # these start from sft-agents, the others from sft
 MARGIN = 0.3
 """The least rise of every family's held-out metric. The issue's bar is 0.1 or twice the seed-to-seed spread,
 whichever is larger; over three seeds the rises were +0.69 to +1.00, the spread at most 0.09 (docs/families.md),
@@ -141,10 +145,15 @@ def test_held_out_prompts_appear_in_no_training_file():
                 for message in row.get("prompt") or row.get("messages") or []:
                     if isinstance(message, dict) and message.get("role") == "user":
                         training.add(message["content"])
+    # the item a question asks about, whatever its wording (the agents' practice questions word it otherwise)
+    items = {re.search(r"robot \d+|100( - \d)+", text) for text in training}
+    items = {match.group() for match in items if match}
     for path in folder.glob("*_eval.jsonl"):
         rows = [json.loads(line) for line in path.read_text().splitlines()]
         held = {m["content"] for row in rows for m in row["prompt"] if m["role"] == "user"}
         assert held and not held & training, path.name
+        held_items = {re.search(r"robot \d+|100( - \d)+", text) for text in held}
+        assert not {match.group() for match in held_items if match} & items, path.name
 
 
 # ---------------------------------------------------------------------- the recipe learns
@@ -154,13 +163,13 @@ def test_held_out_prompts_appear_in_no_training_file():
 def families_run(tmp_path_factory, families_model, judge):
     out = tmp_path_factory.mktemp("families") / "run"
     proc = run_cli(
-        "pipeline.py", "--recipe", RECIPE, "--output_dir", str(out), timeout=1800, JUDGE_BASE_URL=judge
+        "pipeline.py", "--recipe", RECIPE, "--output_dir", str(out), timeout=2700, JUDGE_BASE_URL=judge
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc, out, json.loads((out / "pipeline_report.json").read_text())
 
 
-@pytest.mark.timeout(1800)  # the first test runs the recipe: about 5 min here
+@pytest.mark.timeout(2700)  # the first test runs the recipe: about 18 min here
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", sorted(FAMILIES))
 def test_every_family_raises_its_own_held_out_metric(families_run, stage):
@@ -169,13 +178,20 @@ def test_every_family_raises_its_own_held_out_metric(families_run, stage):
     assert row["status"] == "done" and row["eval_metric"] == FAMILIES[stage]
     assert row["eval_before_from"] == "baseline"  # its SFT start, evaluated on its own task
     done = json.loads((out / f"{row['index']}-{stage}" / "DONE.json").read_text())
-    assert done["input_model"] == str(out / "1-sft")
+    start = "5-sft-agents" if stage in AGENTS else "1-sft"
+    assert done["input_model"] == str(out / start)
     assert row["eval_after"] - row["eval_before"] >= MARGIN, (row["eval_before"], row["eval_after"])
     metric = FAMILIES[stage].removeprefix("eval/")
     assert f"{metric} {row['eval_before']:.4g} → {row['eval_after']:.4g}" in proc.stdout
+    if (
+        stage in AGENTS
+    ):  # the behaviour that changed: the start answers without its tool, the final model with it
+        rate = row["eval_also"]["tool_call_rate"]
+        assert rate["after"] - rate["before"] >= MARGIN, rate
+        assert f"tool_call_rate {rate['before']:.4g} → {rate['after']:.4g}" in proc.stdout
 
 
-@pytest.mark.timeout(1800)  # after the families run (module fixture): about 1 min more
+@pytest.mark.timeout(2700)  # after the families run (module fixture): about 1 min more
 @pytest.mark.slow
 def test_a_judge_that_abstains_gives_none_never_zero_in_the_rlhf_stage(families_run, tmp_path):
     """#34 item 4, on the families recipe's real RLHF stage: its config, its SFT start, the judge over HTTP. A judge
@@ -233,8 +249,10 @@ def test_a_stage_model_may_name_an_earlier_stage(tmp_path):
     pipeline.output_dir = tmp_path
     stages = {s.name: s for s in pipeline.stages}
     for name in FAMILIES:
-        assert input_model(pipeline, stages[name]) == str(tmp_path / "1-sft")
-        assert [s.name for s in dependencies(pipeline, stages[name])] == ["sft"]
+        start = "sft-agents" if name in AGENTS else "sft"
+        assert input_model(pipeline, stages[name]) == str(tmp_path / f"{stages[start].index}-{start}")
+        assert [s.name for s in dependencies(pipeline, stages[name])] == [start]
+    assert [s.name for s in dependencies(pipeline, stages["sft-agents"])] == ["sft"]
     (tmp_path / "1-sft").mkdir()
     (tmp_path / "1-sft" / "DONE.json").write_text(json.dumps({"model": "elsewhere/merged"}))
     assert input_model(pipeline, stages["rlhf"]) == "elsewhere/merged"  # what sft recorded as its final model
@@ -262,23 +280,28 @@ def test_a_stage_model_reference_must_name_an_earlier_stage(tmp_path, model, err
 def test_the_families_recipe_passes_dry_run(families_model, judge):
     proc = run_cli("pipeline.py", "--recipe", RECIPE, "--dry_run", JUDGE_BASE_URL=judge)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "4 stage(s)" in proc.stdout
-    assert proc.stdout.count("eval=the pipeline's eval server") == 3
+    assert "7 stage(s)" in proc.stdout
+    assert proc.stdout.count("eval=the pipeline's eval server") == 5
     assert "The judge server at" in proc.stderr and "answers /health" in proc.stderr
 
 
 def test_the_families_model_keeps_qwen3s_template_and_knows_the_families_text(families_model):
-    """The families student: TRL's qwen3.jinja verbatim (TRL recognises templates by exact string), a 2,048-entry
-    vocabulary, and every demonstration under 450 tokens (an agent's, tool schema included, ~700 with the
-    student's tokenizer)."""
+    """The families student: TRL's qwen3.jinja verbatim (TRL recognises templates by exact string), Qwen3's own
+    pre-tokenizer split (every digit its own token, so a number in a tool call is the same tokens as in the
+    question), and every demonstration under 450 tokens (an agent's, tool schema included, ~700 with the student's
+    tokenizer)."""
     import trl
     from make_tiny_model import FAMILIES_VOCAB_SIZE
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(families_model)
-    assert len(tokenizer) == FAMILIES_VOCAB_SIZE
+    assert 1000 < len(tokenizer) <= FAMILIES_VOCAB_SIZE
     trl_templates = Path(trl.__file__).parent / "chat_templates"
     assert tokenizer.chat_template == (trl_templates / "qwen3.jinja").read_text(encoding="utf-8")
+    for text in ("What is 100 - 9 - 3 - 6?", '{"query": "robot 37"}', "print(sum([4, 9, 5, 3]))"):
+        pieces = [tokenizer.decode([i]) for i in tokenizer(text)["input_ids"]]
+        assert "".join(pieces) == text
+        assert all(not any(c.isdigit() for c in p) or p.isdigit() and len(p) == 1 for p in pieces), pieces
     lengths = []
     for name in ("sft.jsonl", "sft_agents.jsonl"):
         for line in (REPO / "data" / "families" / name).read_text().splitlines()[:200]:
@@ -286,3 +309,69 @@ def test_the_families_model_keeps_qwen3s_template_and_knows_the_families_text(fa
             tools = json.loads(row["tools"]) if row.get("tools") else None
             lengths.append(len(tokenizer.apply_chat_template(row["messages"], tools=tools, tokenize=True)))
     assert max(lengths) < 450, max(lengths)
+
+
+@pytest.mark.timeout(2700)  # after the families run (module fixture): about 1 min more
+@pytest.mark.slow
+def test_an_agent_episode_is_scored_once_and_its_tool_results_get_no_gradient(families_run, tmp_path):
+    """#34 item 4, on the families recipe's real General Agent stage: its command line (recipe overrides
+    included), its SFT start (sft-agents), episodes the model samples itself. Each episode (a call, the tool's
+    result, the answer) reaches the reward once, as a whole, and is scored by its final answer; the loss's gradient
+    reaches the model's own tokens and never the rendered tool results."""
+    from dna_factory.inputs.loading import load_context
+    from dna_factory.pipeline.recipe import load_pipeline, stage_argv
+    from dna_factory.run.runner import prepare
+    from rewards.interface import completion_text
+    from rewards.verifiable import make_string_match_reward
+    from tests import agent_fixtures
+
+    torch = pytest.importorskip("torch")
+    _, out, _ = families_run
+    pipeline = load_pipeline(REPO / RECIPE)
+    stage = next(s for s in pipeline.stages if s.name == "general-agent")
+    argv = stage_argv(stage, str(out / "5-sft-agents"), tmp_path)
+    reward = {"factory": "string_match", "extractor": "boxed", "answer_column": "answer"}
+    argv += [
+        "--eval_on_checkpoint=false", "--save_strategy=no",
+        f"--reward_funcs={json.dumps([reward, 'tests.agent_fixtures:record_completions'])}",
+    ]  # fmt: skip
+    entry, cfg = prepare("grpo", argv)
+    trainer = entry.build_trainer(load_context(entry, cfg))
+    trainer.model.train()
+    agent_fixtures.RECORDED.clear()
+    inputs = [trainer.train_dataset[i] for i in range(4) for _ in range(trainer.num_generations)]
+    torch.manual_seed(0)
+    batch = trainer._generate_and_score_completions(inputs)  # TRL 1.16 private: generate, run tools, score
+    (seen,) = agent_fixtures.RECORDED  # the rewards were called once for the whole batch
+    episodes = seen["completions"]
+    assert len(episodes) == len(inputs)  # one score per episode, not per turn
+    roles = [[m["role"] for m in episode] for episode in episodes]
+    assert ["assistant", "tool", "assistant"] in roles, roles  # the start calls the calculator
+    scores = list(trainer._logs["rewards"]["string_match_boxed"])[-len(inputs) :]  # TRL 1.16 private
+    expected = make_string_match_reward("boxed", answer_column="answer")(
+        prompts=seen["prompts"], completions=episodes, answer=seen["answer"]
+    )
+    assert scores == expected
+    for episode, score in zip(episodes, scores, strict=True):  # scored by what the model said last
+        if score == 1.0:
+            assert "\\boxed{" in completion_text(episode[-1:])
+    # the loss's gradient: as tests/test_agents.py::test_tool_result_tokens_get_no_gradient, on sampled episodes
+    hidden = []
+
+    def keep(module, args, output):
+        output.retain_grad()
+        hidden.append(output)
+
+    handle = trainer.model.model.norm.register_forward_hook(keep)
+    trainer.current_gradient_accumulation_steps = 1
+    try:
+        trainer.compute_loss(trainer.model, batch).backward()
+    finally:
+        handle.remove()
+    prompt_len, completion_len = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
+    grad = hidden[0].grad[:, prompt_len - 1 : prompt_len - 1 + completion_len].abs().sum(-1)
+    tool_mask, completion_mask = batch["tool_mask"].bool(), batch["completion_mask"].bool()
+    assert (~tool_mask & completion_mask).any()  # tool results are in the completions
+    assert torch.all(grad[~tool_mask] == 0)
+    if batch["advantages"].abs().sum() > 0:
+        assert (grad[tool_mask & completion_mask] > 0).any()
